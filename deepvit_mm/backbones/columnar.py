@@ -1,0 +1,317 @@
+"""What every columnar backbone shares: timm trunk -> taps -> pyramid adapter.
+
+A family (XCiT, CaiT) subclasses ``ColumnarBackbone`` and provides only what its paper makes
+different: the architecture table, how to build the timm trunk, how to take the taps, and how to
+convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_eval``,
+``with_cp`` and weight loading live here once.
+"""
+import difflib
+import re
+from typing import ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
+from mmengine.logging import print_log
+from mmengine.model import BaseModule
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..checkpoints import (CheckpointError, LoadReport, extract_state_dict, load_backbone_weights,
+                           read_checkpoint)
+from ..pyramid import ColumnarPyramid
+
+__all__ = ['ColumnarBackbone', 'ArchSpec']
+
+# Trunk parts a dense backbone never builds: checkpoint tensors for them are dropped on purpose.
+_CLASSIFIER_PARTS = r'^trunk\.(head|head_dist|norm|fc_norm|cls_token|dist_token|cls_attn_blocks|' \
+                    r'blocks_token_only)(\.|$)'
+
+
+class ArchSpec(dict):
+    """One row of an architecture table: ``timm`` (model name) plus the paper's settings."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError as e:
+            raise AttributeError(name) from e
+
+
+class ColumnarBackbone(BaseModule):
+    """Base class of columnar (single-stride) transformer backbones for mmdet and mmseg.
+
+    Subclasses define ``arch_zoo`` (short name -> ``ArchSpec``), ``name_pattern`` (a regex that
+    turns a timm model name into a short name), ``_build_trunk`` and ``_forward_taps``.
+
+    Args:
+        arch (str): Short architecture name or timm's full model name.
+        out_indices (Sequence[int], optional): 0-based blocks to tap; default: the paper's.
+        out_strides (Sequence[int]): Strides of the pyramid levels. Default: (4, 8, 16, 32).
+        drop_path_rate (float, optional): Stochastic depth; default: the paper's for ``arch``.
+        norm_cfg (dict): Norm layers of the conv parts (trunk BatchNorms and the adapter).
+            Default: ``dict(type='BN', requires_grad=True)``; use ``SyncBN`` for multi-GPU.
+        frozen_stages (int): -1: nothing frozen; 0: patch embedding (and position encoding);
+            k > 0: also the first k blocks. Frozen parts get no gradients and their BatchNorms
+            stay in eval mode. Default: -1.
+        norm_eval (bool): Keep every BatchNorm of the backbone in eval mode while training.
+            Default: False.
+        with_cp (bool): Gradient checkpointing of every block. Default: False.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads a
+            classification, timm, detector or segmentor checkpoint and logs a report.
+        trunk_kwargs: Passed to the timm model (e.g. ``attn_drop_rate``).
+    """
+    arch_zoo: ClassVar[Dict[str, ArchSpec]] = {}
+    name_pattern: ClassVar[str] = ''
+    families: ClassVar[List[Type['ColumnarBackbone']]] = []
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.arch_zoo:
+            ColumnarBackbone.families.append(cls)
+
+    def __init__(self,
+                 arch: str,
+                 out_indices: Optional[Sequence[int]] = None,
+                 out_strides: Sequence[int] = (4, 8, 16, 32),
+                 drop_path_rate: Optional[float] = None,
+                 norm_cfg: Optional[dict] = None,
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 init_cfg: Optional[dict] = None,
+                 **trunk_kwargs) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.arch = self.resolve_arch(arch)
+        spec = self.arch_zoo[self.arch]
+        self.depth = spec.depth
+        self.patch_size = spec.patch_size
+        self.embed_dim = spec.embed_dim
+        self.out_indices = self._check_out_indices(out_indices, spec)
+        self.norm_cfg = norm_cfg or dict(type='BN', requires_grad=True)
+        self.pad_to = max(max(out_strides), self.patch_size)
+        if self.pad_to % self.patch_size:
+            raise ValueError(f'{type(self).__name__}: the largest output stride {self.pad_to} must be '
+                             f'a multiple of the patch size {self.patch_size}.')
+        dpr = spec.drop_path_rate if drop_path_rate is None else drop_path_rate
+        self.in_chans = trunk_kwargs.get('in_chans', 3)
+
+        self.trunk = self._build_trunk(spec, drop_path_rate=dpr, **trunk_kwargs)
+        self._kept_blocks = max(self.out_indices) + 1
+        self.trunk.prune_intermediate_layers(self.out_indices, prune_norm=True, prune_head=True)
+        self._convert_batchnorms(self.trunk, self.norm_cfg)
+        self.adapter = ColumnarPyramid(self.embed_dim, in_stride=self.patch_size,
+                                       out_strides=out_strides, norm_cfg=self.norm_cfg)
+        if len(self.out_indices) != len(self.adapter.levels):
+            raise ValueError(
+                f'{type(self).__name__}: {len(self.out_indices)} out_indices {self.out_indices} '
+                f'for {len(out_strides)} out_strides {tuple(out_strides)}: give one tap per level.')
+        self.out_channels = [self.embed_dim] * len(self.out_indices)
+        self.out_strides = tuple(out_strides)
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        if with_cp:
+            self.trunk.set_grad_checkpointing(True)
+        self._freeze_stages()
+
+    # ----------------------------------------------------------------- architecture table
+    @classmethod
+    def resolve_arch(cls, arch: str) -> str:
+        """Map a short name (``small_12_p8``) or timm name (``xcit_small_12_p8_224``) to a key of
+        ``arch_zoo``; anything else raises with the valid names and the closest one."""
+        if not isinstance(arch, str):
+            raise TypeError(f'{cls.__name__}: arch must be a string, got {type(arch).__name__}')
+        name = arch.strip().lower().split('.')[0]  # drop a timm pretrained tag (".fb_in1k")
+        if name not in cls.arch_zoo:
+            m = re.fullmatch(cls.name_pattern, name)
+            name = m.group(1) if m else name
+        if name not in cls.arch_zoo:
+            close = difflib.get_close_matches(name, list(cls.arch_zoo), n=1)
+            raise ValueError(
+                f'{cls.__name__}: unknown arch {arch!r}.'
+                + (f' Did you mean {close[0]!r}?' if close else '')
+                + f' Valid: {", ".join(cls.arch_zoo)} (or timm names such as '
+                + f'{next(iter(cls.arch_zoo.values())).timm!r}).')
+        return name
+
+    def _check_out_indices(self, out_indices, spec: ArchSpec) -> Tuple[int, ...]:
+        if out_indices is None:
+            return tuple(spec.out_indices)
+        idx = tuple(int(i) for i in out_indices)
+        if not idx or any(i < 0 or i >= spec.depth for i in idx):
+            raise ValueError(f'{type(self).__name__}({self.arch}): out_indices {tuple(out_indices)} '
+                             f'must be 0-based block indices in [0, {spec.depth - 1}] '
+                             f'(the default is {tuple(spec.out_indices)}).')
+        if list(idx) != sorted(set(idx)):
+            raise ValueError(f'{type(self).__name__}({self.arch}): out_indices {idx} must be '
+                             f'strictly increasing, e.g. {tuple(sorted(set(idx)))}.')
+        return idx
+
+    @staticmethod
+    def _convert_batchnorms(module: nn.Module, norm_cfg: dict) -> None:
+        """timm hard-codes ``nn.BatchNorm2d`` in conv parts; rebuild them from ``norm_cfg``
+        (same parameter names, so checkpoints load unchanged)."""
+        if norm_cfg.get('type') == 'BN' and norm_cfg.get('requires_grad', True):
+            return
+        for name, child in list(module.named_children()):
+            if type(child) is nn.BatchNorm2d:
+                new = build_norm_layer(norm_cfg, child.num_features)[1]
+                new.load_state_dict(child.state_dict(), strict=False)
+                setattr(module, name, new)
+            else:
+                ColumnarBackbone._convert_batchnorms(child, norm_cfg)
+
+    # ----------------------------------------------------------------- to implement
+    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, **kwargs) -> nn.Module:
+        raise NotImplementedError
+
+    def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
+        """Raw outputs of blocks ``out_indices`` as NCHW maps at stride ``patch_size``."""
+        raise NotImplementedError
+
+    def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Official/timm classification keys -> timm model keys (without ``trunk.``)."""
+        return state_dict
+
+    @classmethod
+    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
+        """The ``arch_zoo`` name a converted state dict was trained as, if recognisable."""
+        return None
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Args:
+            x (Tensor): ``(B, in_chans, H, W)`` images, any ``H, W >= patch_size``.
+
+        Returns:
+            tuple[Tensor]: one ``(B, embed_dim, ceil(H/32)*32/s, ceil(W/32)*32/s)`` map per output
+            stride ``s`` (the input is zero-padded at the bottom/right to a multiple of 32).
+        """
+        self._check_input(x)
+        h, w = x.shape[-2:]
+        ph, pw = (-h) % self.pad_to, (-w) % self.pad_to
+        if ph or pw:
+            x = F.pad(x, (0, pw, 0, ph))
+        return self.adapter(self._forward_taps(x))
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        name = f'{type(self).__name__}({self.arch})'
+        if x.dim() != 4:
+            raise ValueError(f'{name} expects a (B, C, H, W) batch of images, got shape '
+                             f'{tuple(x.shape)}.')
+        in_chans = self.in_chans
+        if x.shape[1] != in_chans:
+            raise ValueError(f'{name} expects {in_chans}-channel images, got {x.shape[1]} channels '
+                             f'(shape {tuple(x.shape)}); convert the images (e.g. to RGB) or set '
+                             f'in_chans={x.shape[1]} (pretrained weights then do not fit).')
+        if min(x.shape[-2:]) < self.patch_size:
+            raise ValueError(f'{name}: input {tuple(x.shape[-2:])} is smaller than one '
+                             f'{self.patch_size}x{self.patch_size} patch; resize images to at least '
+                             f'{self.patch_size} pixels a side.')
+
+    # ----------------------------------------------------------------- training controls
+    def _frozen_modules(self) -> List[nn.Module]:
+        if self.frozen_stages < 0:
+            return []
+        mods = [self.trunk.patch_embed]
+        if getattr(self.trunk, 'pos_embed', None) is not None and isinstance(
+                self.trunk.pos_embed, nn.Module):
+            mods.append(self.trunk.pos_embed)
+        return mods + list(self.trunk.blocks[:self.frozen_stages])
+
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages > self._kept_blocks:
+            raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} exceeds '
+                             f'the {self._kept_blocks} blocks used.')
+        for m in self._frozen_modules():
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+        if self.frozen_stages >= 0 and isinstance(getattr(self.trunk, 'pos_embed', None),
+                                                  nn.Parameter):
+            self.trunk.pos_embed.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+    # ----------------------------------------------------------------- weights
+    def init_weights(self) -> None:
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            self.load_pretrained(cfg['checkpoint'])
+            self._is_init = True
+        else:
+            super().init_weights()
+
+    def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Any supported layout -> this module's keys (``trunk.*``, ``adapter.*``).
+
+        Accepts our own (``trunk.``/``adapter.``), a detector/segmentor checkpoint (``backbone.``
+        prefix, ours or the official XCiT detection code's ``fpn1..fpn4``), official
+        classification releases and timm's.
+        """
+        if any(k.startswith('backbone.') for k in state_dict):
+            state_dict = {k[9:]: v for k, v in state_dict.items() if k.startswith('backbone.')}
+        if all(k.startswith(('trunk.', 'adapter.')) for k in state_dict):
+            return dict(state_dict)
+        adapter, rest = {}, {}
+        for k, v in state_dict.items():
+            m = re.match(r'^fpn(\d)\.(.*)$', k)
+            if m:
+                adapter[f'adapter.levels.{int(m.group(1)) - 1}.{m.group(2)}'] = v
+            else:
+                rest[k] = v
+        trunk = self.convert_trunk_keys(rest)
+        return {**{f'trunk.{k}': v for k, v in trunk.items()}, **adapter}
+
+    def _drop_patterns(self) -> List[str]:
+        pats = [_CLASSIFIER_PARTS]
+        if self._kept_blocks < self.depth:
+            pruned = '|'.join(str(i) for i in range(self._kept_blocks, self.depth))
+            pats.append(rf'^trunk\.blocks\.({pruned})\.')
+        return pats
+
+    def _init_ok_patterns(self) -> List[str]:
+        """Module keys that may stay at init when the checkpoint lacks them."""
+        return [r'^adapter\.']
+
+    def _resize_tensor(self, key: str, value: torch.Tensor,
+                       target: torch.Tensor) -> Optional[torch.Tensor]:
+        return None
+
+    @classmethod
+    def describe_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> str:
+        for fam in ColumnarBackbone.families:
+            arch = fam.arch_from_state_dict(state_dict)
+            if arch:
+                return f'It looks like a {fam.__name__} checkpoint with arch={arch!r}'
+        return ''
+
+    def load_pretrained(self, path: str) -> LoadReport:
+        """Load ``path`` (any supported format/layout), log and return the report."""
+        raw = read_checkpoint(path)
+        try:
+            sd = self.convert_state_dict(extract_state_dict(raw))
+        except CheckpointError as e:
+            raise CheckpointError(f'{path}: {e}') from None
+        report = load_backbone_weights(
+            self, sd, source=f'{path!r} into {type(self).__name__}({self.arch})',
+            drop=self._drop_patterns(), init_ok=self._init_ok_patterns(),
+            resize=self._resize_tensor, describe=self.describe_state_dict)
+        print_log(report.format(), logger='current')
+        return report
+
+
+def count_blocks(state_dict: Mapping[str, torch.Tensor], prefix: str = 'trunk.blocks.') -> int:
+    """Number of blocks ``prefix{i}.*`` in a state dict."""
+    ids = {int(m.group(1)) for k in state_dict for m in [re.match(re.escape(prefix) + r'(\d+)\.', k)]
+           if m}
+    return max(ids) + 1 if ids else 0
+

@@ -1,0 +1,100 @@
+"""XCiT backbone: Cross-Covariance Image Transformers (Ali et al., NeurIPS 2021).
+
+Built on timm's ``Xcit`` (cross-covariance attention, local patch interaction, conv patch
+embedding, Fourier position encoding, LayerScale); the class-attention blocks, class token, final
+norm and head are not built. Taps are raw block outputs, as in the paper's detection code
+(appendix B.2): blocks 4/6/8/12 of 12-layer models, 8/12/16/24 of 24-layer ones.
+Stochastic depth and LayerScale init follow the paper's Table B.1.
+"""
+from typing import Dict, List, Mapping, Optional
+
+import timm
+import torch
+import torch.nn as nn
+from timm.models.xcit import checkpoint_filter_fn
+
+from ..registry import register_model
+from .columnar import ArchSpec, ColumnarBackbone, count_blocks
+
+__all__ = ['XCiT']
+
+
+def _xcit_zoo() -> Dict[str, ArchSpec]:
+    # (embed_dim, depth, drop_path_rate, LayerScale eta) from the paper's Tables 1 and B.1
+    sizes = {
+        'nano_12': (128, 12, 0.0, 1.0),
+        'tiny_12': (192, 12, 0.0, 1.0),
+        'tiny_24': (192, 24, 0.05, 1e-5),
+        'small_12': (384, 12, 0.05, 1.0),
+        'small_24': (384, 24, 0.1, 1e-5),
+        'medium_24': (512, 24, 0.15, 1e-5),
+        'large_24': (768, 24, 0.25, 1e-5),
+    }
+    zoo = {}
+    for size, (dim, depth, dpr, eta) in sizes.items():
+        for p in (8, 16):
+            if size == 'large_24' and p == 8:
+                dpr = 0.3
+            zoo[f'{size}_p{p}'] = ArchSpec(
+                timm=f'xcit_{size}_p{p}_224', embed_dim=dim, depth=depth, patch_size=p,
+                drop_path_rate=dpr, eta=eta,
+                out_indices=(3, 5, 7, 11) if depth == 12 else (7, 11, 15, 23))
+    return zoo
+
+
+@register_model
+class XCiT(ColumnarBackbone):
+    """XCiT for dense prediction: trunk (timm) -> 4 taps -> strides 4/8/16/32.
+
+    Args:
+        arch (str): ``nano_12_p8``, ``tiny_24_p16``, ... (N12, T12, T24, S12, S24, M24, L24 with
+            patch 8 or 16) or timm's name such as ``xcit_small_12_p8_224``.
+        out_indices (Sequence[int], optional): 0-based taps. Default: (3, 5, 7, 11) for 12
+            layers, (7, 11, 15, 23) for 24.
+        out_strides (Sequence[int]): Pyramid strides. Default: (4, 8, 16, 32).
+        drop_path_rate (float, optional): Stochastic depth (constant over blocks, as in the
+            paper). Default: Table B.1's value for ``arch``.
+        layer_scale_init (float, optional): LayerScale eta. Default: Table B.1's value.
+        norm_cfg (dict): Norm of the conv parts (patch embedding, LPI, adapter).
+            Default: ``dict(type='BN', requires_grad=True)``.
+        frozen_stages (int): See ``ColumnarBackbone``. Default: -1.
+        norm_eval (bool): See ``ColumnarBackbone``. Default: False.
+        with_cp (bool): Gradient checkpointing of every block. Default: False.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)``.
+        trunk_kwargs: More timm ``Xcit`` arguments (``attn_drop_rate``, ``in_chans``...).
+    """
+    arch_zoo = _xcit_zoo()
+    name_pattern = r'(?:xcit_)?((?:nano|tiny|small|medium|large)_(?:12|24)_p(?:8|16))' \
+                   r'(?:_(?:224|384))?(?:_dist)?'
+
+    def __init__(self, arch: str = 'small_12_p16', *, layer_scale_init: Optional[float] = None,
+                 **kwargs) -> None:
+        self._layer_scale_init = layer_scale_init
+        super().__init__(arch, **kwargs)
+
+    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, **kwargs) -> nn.Module:
+        eta = spec.eta if self._layer_scale_init is None else self._layer_scale_init
+        return timm.create_model(spec.timm, pretrained=False, num_classes=0,
+                                 drop_path_rate=drop_path_rate, eta=eta, **kwargs)
+
+    def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
+        return self.trunk.forward_intermediates(
+            x, indices=list(self.out_indices), output_fmt='NCHW', intermediates_only=True)
+
+    def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        # official releases: `pos_embeder.*` -> `pos_embed.*` (timm's own filter)
+        return checkpoint_filter_fn(dict(state_dict), self.trunk)
+
+    @classmethod
+    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
+        if 'trunk.blocks.0.local_mp.conv1.weight' not in state_dict:
+            return None
+        dim = state_dict['trunk.blocks.0.gamma1'].shape[0]
+        depth = count_blocks(state_dict)
+        n_convs = sum(1 for k in state_dict
+                      if k.startswith('trunk.patch_embed.proj.') and k.endswith('.0.weight'))
+        patch = {3: 8, 4: 16}.get(n_convs)
+        for name, spec in cls.arch_zoo.items():
+            if (spec.embed_dim, spec.depth, spec.patch_size) == (dim, depth, patch):
+                return name
+        return f'unknown XCiT (embed_dim={dim}, depth={depth}, patch={patch})'

@@ -1,0 +1,87 @@
+"""Feature-pyramid adapter for columnar (single-stride) vision transformers.
+
+XCiT appendix B.2 (Ali et al., 2021): features tapped from four blocks of a columnar model, all at
+the patch stride, are rescaled to strides 4/8/16/32 so that FPN-style necks can consume them.
+Downsampling is max-pooling; upsampling is a transposed convolution (kernel 2, stride 2), with a
+norm and GELU between two of them when a level needs a 4x upsampling (patch 16 -> stride 4), as in
+the official XCiT detection code.
+
+The adapter knows nothing about the trunk: it takes a list of NCHW maps at one stride.
+"""
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+from mmcv.cnn import build_activation_layer, build_norm_layer
+from mmengine.model import BaseModule
+
+__all__ = ['ColumnarPyramid']
+
+
+class ColumnarPyramid(BaseModule):
+    """Rescale same-stride maps to a pyramid of strides.
+
+    Contract: ``forward`` takes ``len(out_strides)`` maps of shape ``(B, embed_dim, h, w)`` at stride
+    ``in_stride`` and returns a tuple of maps at strides ``out_strides``; level ``i`` has shape
+    ``(B, embed_dim, h * in_stride // s_i, w * in_stride // s_i)`` where upsampling is exact and
+    max-pooling floors. The backbone pads its input to a multiple of ``max(out_strides)`` so that
+    every level is exact: an input of ``H x W`` gives level sizes
+    ``ceil(H / 32) * 32 / s_i x ceil(W / 32) * 32 / s_i``.
+
+    With ``in_stride=8`` the levels are ConvT, identity, max-pool 2, max-pool 4; with
+    ``in_stride=16``: ConvT-norm-GELU-ConvT, ConvT, identity, max-pool 2. Each level is an
+    ``nn.Sequential`` whose indices match the official XCiT ``fpn1..fpn4`` modules, so their
+    weights load by renaming ``fpn{i+1}`` to ``levels.{i}``.
+
+    Args:
+        embed_dim (int): Channels of every input and output map.
+        in_stride (int): Stride of the input maps (the trunk's patch size). Default: 16.
+        out_strides (Sequence[int]): Output strides, powers of two. Default: (4, 8, 16, 32).
+        norm_cfg (dict): Norm between two transposed convs. Default: ``dict(type='BN')``.
+        act_cfg (dict): Activation between two transposed convs. Default: ``dict(type='GELU')``.
+        init_cfg (dict, optional): mmengine init config. Default: None.
+    """
+
+    def __init__(self,
+                 embed_dim: int,
+                 in_stride: int = 16,
+                 out_strides: Sequence[int] = (4, 8, 16, 32),
+                 norm_cfg: Optional[dict] = None,
+                 act_cfg: Optional[dict] = None,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        norm_cfg = norm_cfg or dict(type='BN', requires_grad=True)
+        act_cfg = act_cfg or dict(type='GELU')
+        for s in (in_stride, *out_strides):
+            if s < 1 or s & (s - 1):
+                raise ValueError(f'ColumnarPyramid: strides must be powers of two, got {s} '
+                                 f'(in_stride={in_stride}, out_strides={tuple(out_strides)}).')
+        self.embed_dim = embed_dim
+        self.in_stride = in_stride
+        self.out_strides = tuple(out_strides)
+        self.levels = nn.ModuleList(
+            self._make_level(embed_dim, in_stride, s, norm_cfg, act_cfg) for s in self.out_strides)
+
+    @staticmethod
+    def _make_level(dim: int, in_stride: int, out_stride: int, norm_cfg: dict,
+                    act_cfg: dict) -> nn.Module:
+        if out_stride == in_stride:
+            return nn.Identity()
+        if out_stride > in_stride:
+            k = out_stride // in_stride
+            return nn.Sequential(nn.MaxPool2d(kernel_size=k, stride=k))
+        layers: List[nn.Module] = []
+        for i in range(int(math.log2(in_stride // out_stride))):
+            if i:
+                layers += [build_norm_layer(norm_cfg, dim)[1], build_activation_layer(act_cfg)]
+            layers.append(nn.ConvTranspose2d(dim, dim, kernel_size=2, stride=2))
+        return nn.Sequential(*layers)
+
+    def forward(self, feats: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
+        if len(feats) != len(self.levels):
+            raise ValueError(
+                f'ColumnarPyramid expects {len(self.levels)} feature maps (one per output stride '
+                f'{self.out_strides}), got {len(feats)}: give the backbone as many out_indices as '
+                f'out_strides.')
+        return tuple(level(x) for level, x in zip(self.levels, feats))

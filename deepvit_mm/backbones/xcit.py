@@ -33,11 +33,9 @@ def _xcit_zoo() -> Dict[str, ArchSpec]:
     zoo = {}
     for size, (dim, depth, dpr, eta) in sizes.items():
         for p in (8, 16):
-            if size == 'large_24' and p == 8:
-                dpr = 0.3
             zoo[f'{size}_p{p}'] = ArchSpec(
                 timm=f'xcit_{size}_p{p}_224', embed_dim=dim, depth=depth, patch_size=p,
-                drop_path_rate=dpr, eta=eta,
+                drop_path_rate=0.3 if (size, p) == ('large_24', 8) else dpr, eta=eta,
                 out_indices=(3, 5, 7, 11) if depth == 12 else (7, 11, 15, 23))
     return zoo
 

@@ -1,0 +1,47 @@
+"""Evaluate a checkpoint with an mmdet or mmseg config (told apart by its default_scope)."""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mmengine.config import DictAction  # noqa: E402
+from mmengine.registry import RUNNERS  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+from deepvit_mm.engine import enable_visualization, prepare_config  # noqa: E402
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description='Test (evaluate) a checkpoint')
+    parser.add_argument('config', help='config file')
+    parser.add_argument('checkpoint', help='checkpoint file (.pth or .safetensors)')
+    parser.add_argument('--work-dir', help='where logs and metrics go')
+    parser.add_argument('--show-dir', help='draw predictions into this folder (for mmdet: '
+                                           'under work_dir/<timestamp>/)')
+    parser.add_argument('--show', action='store_true', help='show predictions in a window')
+    parser.add_argument('--wait-time', type=float, default=2, help='seconds each window shows')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main():
+    args = parse_args()
+    import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
+    if not os.path.isfile(args.checkpoint):
+        sys.exit(f'checkpoint not found: {args.checkpoint!r}')
+    cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
+                         launcher=args.launcher, load_from=args.checkpoint)
+    if args.show or args.show_dir:
+        enable_visualization(cfg, args.show_dir, args.show, args.wait_time)
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner.test()
+
+
+if __name__ == '__main__':
+    main()

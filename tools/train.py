@@ -1,0 +1,43 @@
+"""Train a detector or segmentor (mmdet or mmseg config, told apart by its default_scope)."""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mmengine.config import DictAction  # noqa: E402
+from mmengine.registry import RUNNERS  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+from deepvit_mm.engine import prepare_config  # noqa: E402
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description='Train a model from an mmdet or mmseg config')
+    parser.add_argument('config', help='config file')
+    parser.add_argument('--work-dir', help='where logs and checkpoints go')
+    parser.add_argument('--amp', action='store_true',
+                        help='mixed precision: float16 on GPU, bfloat16 on CPU')
+    parser.add_argument('--resume', nargs='?', type=str, const='auto',
+                        help='resume from this checkpoint, or (no value) from the latest one in '
+                             'the work dir')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, e.g. train_cfg.max_iters=100')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main():
+    args = parse_args()
+    import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
+    cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
+                         launcher=args.launcher, amp=args.amp, resume=args.resume)
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()

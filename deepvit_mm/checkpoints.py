@@ -221,7 +221,8 @@ def load_backbone_weights(
             report.dropped.append(k)
         else:
             unexpected.append(k)
-    missing = [k for k in target if k not in new_sd and not _matches(k, init_ok)]
+    missing = [k for k in target
+               if k not in new_sd and k not in state_dict and not _matches(k, init_ok)]
     if mismatched or unexpected or missing:
         parts = []
         if mismatched:

@@ -291,7 +291,7 @@ class ColumnarBackbone(BaseModule):
         for fam in ColumnarBackbone.families:
             arch = fam.arch_from_state_dict(state_dict)
             if arch:
-                return f'It looks like a {fam.__name__} checkpoint with arch={arch!r}'
+                return f'It looks like a checkpoint of {fam.__name__}(arch={arch!r})'
         return ''
 
     def load_pretrained(self, path: str) -> LoadReport:

@@ -59,6 +59,8 @@ class ColumnarBackbone(BaseModule):
         with_cp (bool): Gradient checkpointing of every block. Default: False.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads a
             classification, timm, detector or segmentor checkpoint and logs a report.
+        pretrained (str, optional): mmseg's older spelling of ``init_cfg``'s checkpoint (its
+            segmentors pass ``model.pretrained`` down). Default: None.
         trunk_kwargs: Passed to the timm model (e.g. ``attn_drop_rate``).
     """
     arch_zoo: ClassVar[Dict[str, ArchSpec]] = {}
@@ -80,7 +82,20 @@ class ColumnarBackbone(BaseModule):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  init_cfg: Optional[dict] = None,
+                 pretrained: Optional[str] = None,
                  **trunk_kwargs) -> None:
+        if pretrained is not None:
+            if not isinstance(pretrained, str) or pretrained.startswith(
+                    ('open-mmlab://', 'torchvision://', 'mmcls://')):
+                raise ValueError(
+                    f'{type(self).__name__} got pretrained={pretrained!r}, the weights an mmseg '
+                    'base config sets for its ResNet (model.pretrained). Set model.pretrained=None '
+                    "and give ImageNet weights with backbone.init_cfg=dict(type='Pretrained', "
+                    'checkpoint=PATH).')
+            if init_cfg is not None:
+                raise ValueError(f'{type(self).__name__}: give either pretrained or init_cfg, '
+                                 'not both.')
+            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
         self.arch = self.resolve_arch(arch)
         spec = self.arch_zoo[self.arch]

@@ -1,0 +1,53 @@
+"""The pyramid adapter's contract: levels per patch size, output strides, readable errors."""
+import pytest
+import torch
+import torch.nn as nn
+
+from deepvit_mm import ColumnarPyramid
+
+
+def _kinds(level):
+    return [type(m).__name__ for m in (level if isinstance(level, nn.Sequential) else [level])]
+
+
+def test_patch8_levels():
+    p = ColumnarPyramid(32, in_stride=8)
+    assert [_kinds(level) for level in p.levels] == [
+        ['ConvTranspose2d'], ['Identity'], ['MaxPool2d'], ['MaxPool2d']]
+    assert p.levels[2][0].kernel_size == 2 and p.levels[3][0].kernel_size == 4
+
+
+def test_patch16_levels_match_official_layout():
+    p = ColumnarPyramid(32, in_stride=16)
+    assert [_kinds(level) for level in p.levels] == [
+        ['ConvTranspose2d', 'BatchNorm2d', 'GELU', 'ConvTranspose2d'], ['ConvTranspose2d'],
+        ['Identity'], ['MaxPool2d']]
+    conv = p.levels[0][0]
+    assert conv.kernel_size == (2, 2) and conv.stride == (2, 2)
+    # official XCiT detection keys fpn1.0/fpn1.1/fpn1.3, fpn2.0 map onto levels.0.*, levels.1.*
+    keys = set(p.state_dict())
+    assert {'levels.0.0.weight', 'levels.0.1.running_mean', 'levels.0.3.weight',
+            'levels.1.0.weight'} <= keys
+
+
+@pytest.mark.parametrize('stride', [8, 16])
+@pytest.mark.parametrize('hw', [(4, 4), (8, 12), (2, 6)])
+def test_output_strides(stride, hw):
+    p = ColumnarPyramid(8, in_stride=stride).eval()
+    feats = [torch.randn(2, 8, *hw) for _ in range(4)]
+    outs = p(feats)
+    for s, o in zip((4, 8, 16, 32), outs):
+        assert o.shape[-2:] == (hw[0] * stride // s, hw[1] * stride // s)
+
+
+def test_wrong_number_of_features():
+    p = ColumnarPyramid(8, in_stride=16)
+    with pytest.raises(ValueError, match='expects 4 feature maps.*got 3'):
+        p([torch.randn(1, 8, 4, 4)] * 3)
+
+
+def test_strides_must_be_powers_of_two():
+    with pytest.raises(ValueError, match='powers of two'):
+        ColumnarPyramid(8, in_stride=12)
+    with pytest.raises(ValueError, match='powers of two'):
+        ColumnarPyramid(8, in_stride=16, out_strides=(4, 8, 24, 32))

@@ -10,11 +10,11 @@ check_versions()
 
 from .backbones import ColumnarBackbone, XCiT  # noqa: E402
 from .checkpoints import CheckpointError, install_mmengine_loader, read_checkpoint  # noqa: E402
-from .engine import CPUAmpOptimWrapper  # noqa: E402
+from .engine import CPUAmpOptimWrapper, RNGStateHook  # noqa: E402
 from .pyramid import ColumnarPyramid  # noqa: E402
 
 install_mmengine_loader()
 
 __all__ = ['__version__', 'XCiT', 'ColumnarBackbone', 'ColumnarPyramid', 'CheckpointError',
-           'CPUAmpOptimWrapper',
+           'CPUAmpOptimWrapper', 'RNGStateHook',
            'read_checkpoint']

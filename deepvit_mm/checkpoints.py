@@ -23,7 +23,8 @@ import torch.nn as nn
 
 __all__ = [
     'CheckpointError', 'LoadReport', 'read_checkpoint', 'extract_state_dict',
-    'load_backbone_weights', 'install_mmengine_loader', 'mmengine_safe_globals'
+    'load_backbone_weights', 'install_mmengine_loader', 'mmengine_safe_globals',
+    'find_resumable_checkpoint', 'is_readable_checkpoint'
 ]
 
 
@@ -256,9 +257,90 @@ def _mmengine_load_from_local(filename: str, map_location=None) -> dict:
     return obj
 
 
+def _atomic_local_backend():
+    from mmengine.fileio.backends import LocalBackend
+
+    class AtomicLocalBackend(LocalBackend):
+        """mmengine's local file backend, but a file appears complete or not at all: data goes to
+        a temporary file in the same folder, is flushed to disk, then renamed over the target.
+        A run killed while saving a checkpoint leaves no half-written ``.pth``."""
+
+        def put(self, obj: bytes, filepath) -> None:
+            filepath = os.fspath(filepath)
+            os.makedirs(os.path.dirname(filepath) or '.', exist_ok=True)
+            tmp = f'{filepath}.tmp{os.getpid()}'
+            try:
+                with open(tmp, 'wb') as f:
+                    f.write(obj)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, filepath)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+
+        def put_text(self, obj: str, filepath, encoding: str = 'utf-8') -> None:
+            self.put(obj.encode(encoding), filepath)
+
+    return AtomicLocalBackend
+
+
 def install_mmengine_loader() -> None:
-    """Make mmengine read local checkpoints (``load_from``, ``resume``, ``tools/test.py``) with
-    ``read_checkpoint``; its own loader would either fail on torch >= 2.6 or, with
-    ``weights_only=False``, execute whatever the file contains."""
+    """Route mmengine's local checkpoint I/O through this module.
+
+    Reading (``load_from``, ``resume``, ``tools/test.py``) uses ``read_checkpoint``: mmengine's own
+    loader either fails on torch >= 2.6 or, with ``weights_only=False``, executes whatever the file
+    contains. Writing goes through an atomic local backend (temp file + rename).
+    """
+    from mmengine.fileio import register_backend
     from mmengine.runner.checkpoint import CheckpointLoader
     CheckpointLoader.register_scheme(prefixes='', force=True)(_mmengine_load_from_local)
+    register_backend('local', _atomic_local_backend(), force=True, prefixes='')
+
+
+def is_readable_checkpoint(path: str) -> bool:
+    """Cheap structural check: the file exists and is a complete torch zip or safetensors file
+    (a killed writer leaves a truncated one)."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return False
+    try:
+        if _is_safetensors(path):
+            from safetensors import safe_open
+            with safe_open(path, 'pt') as f:
+                f.keys()
+            return True
+        with zipfile.ZipFile(path) as z:
+            return z.testzip() is None
+    except Exception:
+        return False
+
+
+def find_resumable_checkpoint(work_dir: str) -> Optional[str]:
+    """The newest complete checkpoint of a run, for ``--resume`` without a path.
+
+    Trusts ``work_dir/last_checkpoint`` when it names a readable file; otherwise (a run killed
+    while saving) falls back to the newest readable ``iter_*.pth``/``epoch_*.pth`` and logs which
+    one and why. Returns None when the run saved none.
+    """
+    from mmengine.logging import print_log
+    candidates = []
+    last = os.path.join(work_dir, 'last_checkpoint')
+    named = None
+    if os.path.isfile(last):
+        with open(last) as f:
+            named = f.read().strip()
+        if named and is_readable_checkpoint(named):
+            return named
+    for name in os.listdir(work_dir) if os.path.isdir(work_dir) else []:
+        m = re.fullmatch(r'(iter|epoch)_(\d+)\.pth', name)
+        if m:
+            candidates.append((int(m.group(2)), os.path.join(work_dir, name)))
+    for _, path in sorted(candidates, reverse=True):
+        if is_readable_checkpoint(path):
+            if named:
+                print_log(f'last_checkpoint names {named!r}, which is missing or incomplete (a run '
+                          f'killed while saving?); resuming from {path!r} instead.',
+                          logger='current', level=30)
+            return path
+        print_log(f'skipping incomplete checkpoint {path!r}', logger='current', level=30)
+    return None

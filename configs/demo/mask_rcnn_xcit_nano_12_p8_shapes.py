@@ -108,4 +108,5 @@ default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=1))
 log_processor = dict(by_epoch=False)
 randomness = dict(seed=0)
+custom_hooks = [dict(type='RNGStateHook')]  # bit-identical resume (deepvit_mm.engine)
 auto_scale_lr = dict(enable=False, base_batch_size=batch_size)

@@ -15,11 +15,12 @@ HERE = osp.dirname(osp.abspath(__file__))
 
 
 def add_mim_extension():
-    """Ship configs/ as ``deepvit_mm/.mim/configs`` so ``deepvit_mm::<config>`` resolves in an
-    installed package (mmengine looks there), as mmdet and mmseg do. Editable installs link the
-    repo's folder; builds copy it."""
+    """Ship configs/ as ``deepvit_mm/.mim/configs/configs`` so that
+    ``_base_ = 'deepvit_mm::configs/<name>.py'`` resolves in an installed package (mmengine looks
+    in ``<package>/.mim/configs`` and wants a folder in the name), as mmdet and mmseg do.
+    Editable installs link the repo's folder; builds copy it."""
     src = osp.join(HERE, 'configs')
-    dst_root = osp.join(HERE, 'deepvit_mm', '.mim')
+    dst_root = osp.join(HERE, 'deepvit_mm', '.mim', 'configs')
     dst = osp.join(dst_root, 'configs')
     if not osp.isdir(src):
         return
@@ -28,6 +29,9 @@ def add_mim_extension():
         os.remove(dst)
     elif osp.isdir(dst):
         shutil.rmtree(dst)
+    # mmengine reads <package>/.mim/model-index.yml before it falls back to the config path
+    with open(osp.join(HERE, 'deepvit_mm', '.mim', 'model-index.yml'), 'w') as f:
+        f.write('Import: []\n')
     editable = any(a in sys.argv for a in ('develop', 'editable_wheel'))
     if editable:
         os.symlink(osp.relpath(src, dst_root), dst)
@@ -46,7 +50,8 @@ setup(
     python_requires='>=3.9',
     packages=find_packages(include=['deepvit_mm', 'deepvit_mm.*']),
     include_package_data=True,
-    package_data={'deepvit_mm': ['.mim/configs/*.py', '.mim/configs/**/*.py']},
+    package_data={'deepvit_mm': ['.mim/model-index.yml', '.mim/configs/configs/*.py',
+                                 '.mim/configs/configs/**/*.py']},
     install_requires=[
         'mmengine>=0.10,<1.0',
         'mmdet>=3.0,<3.4',

@@ -40,7 +40,10 @@ def _history_buffer_getattr(obj, name: str):
     methods as ``getattr(HistoryBuffer, 'mean')``. Only those exact lookups are honoured; anything
     else (``getattr(os, 'system')``) is refused, so this cannot be used to reach code."""
     from mmengine.logging import HistoryBuffer
-    if obj is HistoryBuffer and name in HistoryBuffer._statistics_methods:
+    # reason: `_statistics_methods` is filled only once a HistoryBuffer is built in this process,
+    # so a fresh `--resume` process would find it empty; the four defaults are named explicitly.
+    allowed = {'min', 'max', 'current', 'mean', *HistoryBuffer._statistics_methods}
+    if obj is HistoryBuffer and name in allowed:
         return getattr(obj, name)
     raise CheckpointError(f'refusing getattr({obj!r}, {name!r}) while unpickling a checkpoint')
 

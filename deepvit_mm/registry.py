@@ -1,5 +1,5 @@
 """Register a class in mmdet's and mmseg's ``MODELS`` registries with one decorator."""
-from typing import Type, TypeVar
+from typing import TypeVar
 
 from mmdet.registry import MODELS as MMDET_MODELS
 from mmseg.registry import MODELS as MMSEG_MODELS

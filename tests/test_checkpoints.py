@@ -203,3 +203,25 @@ def test_missing_empty_truncated(tmp_path, timm_model):
     (tmp_path / 'text.pth').write_text('not a checkpoint at all')
     with pytest.raises(CheckpointError):
         read_checkpoint(str(tmp_path / 'text.pth'))
+
+
+def test_mmengine_checkpoint_reads_in_a_fresh_process(tmp_path):
+    """``--resume`` reads in a new process, where no HistoryBuffer was built yet (mmengine fills
+    its table of statistics methods lazily): the pickled ``getattr(HistoryBuffer, 'min')`` must
+    still be honoured there."""
+    import subprocess
+    import sys
+    buf = HistoryBuffer()
+    buf.update(0.5)
+    path = tmp_path / 'run.pth'
+    torch.save({'state_dict': {'w': torch.ones(2)},
+                'message_hub': {'log_scalars': {'loss': buf}}}, path)
+    code = ('import sys; sys.path.insert(0, sys.argv[2]); '
+            'from deepvit_mm.checkpoints import read_checkpoint; '
+            "b = read_checkpoint(sys.argv[1])['message_hub']['log_scalars']['loss']; "
+            'print(b.min(), b.mean())')
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, '-c', code, str(path), root], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ['0.5', '0.5']

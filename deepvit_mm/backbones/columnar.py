@@ -17,8 +17,13 @@ from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..checkpoints import (CheckpointError, LoadReport, extract_state_dict, load_backbone_weights,
-                           read_checkpoint)
+from ..checkpoints import (
+    CheckpointError,
+    LoadReport,
+    extract_state_dict,
+    load_backbone_weights,
+    read_checkpoint,
+)
 from ..pyramid import ColumnarPyramid
 
 __all__ = ['ColumnarBackbone', 'ArchSpec']
@@ -98,6 +103,11 @@ class ColumnarBackbone(BaseModule):
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
         self.arch = self.resolve_arch(arch)
+        fixed = sorted(set(trunk_kwargs) & {'patch_size', 'embed_dim', 'depth', 'num_heads'})
+        if fixed:
+            raise ValueError(
+                f'{type(self).__name__}: {", ".join(fixed)} is fixed by arch={arch!r}; choose '
+                f'another arch instead (valid: {", ".join(self.arch_zoo)}).')
         spec = self.arch_zoo[self.arch]
         self.depth = spec.depth
         self.patch_size = spec.patch_size

@@ -1,0 +1,10 @@
+# XCiT-S24/8 Mask R-CNN 3x on COCO. Paper (Table 5, ImageNet-1k pretraining), minival:
+# box AP 48.1, mask AP 43.0.
+_base_ = './_base_/mask_rcnn_xcit_3x_coco.py'
+
+arch = 'small_24_p8'
+embed_dim = 384
+pretrained = 'checkpoints/xcit_small_24_p8_224.pth'
+model = dict(
+    backbone=dict(arch=arch, init_cfg=dict(checkpoint=pretrained)),
+    neck=dict(in_channels=[embed_dim] * 4))

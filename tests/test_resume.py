@@ -1,0 +1,118 @@
+"""Reliability of training runs: crash + resume equals an uninterrupted run, atomic checkpoint
+writes, broken last checkpoints skipped, deterministic losses."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from deepvit_mm.checkpoints import find_resumable_checkpoint, read_checkpoint
+from deepvit_mm.datasets import make_shapes_coco
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
+ENV = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='2')
+
+
+@pytest.fixture(scope='module')
+def shapes(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp('shapes'))
+    make_shapes_coco(root, num_train=16, num_val=2, size=128, seed=0)
+    return root
+
+
+def _train_cmd(data, work_dir, max_iters, ckpt_every, *extra):
+    return [sys.executable, os.path.join(ROOT, 'tools', 'train.py'), CFG, '--work-dir',
+            str(work_dir), *extra, '--cfg-options',
+            f'train_dataloader.dataset.data_root={data}/',
+            f'val_dataloader.dataset.data_root={data}/',
+            f'val_evaluator.ann_file={data}/annotations/instances_val.json',
+            'model.backbone.arch=nano_12_p16', 'train_dataloader.batch_size=2',
+            f'train_cfg.max_iters={max_iters}', f'train_cfg.val_interval={10 * max_iters}',
+            'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
+            f'param_scheduler.0.end={max_iters // 2}', f'param_scheduler.1.begin={max_iters // 2}',
+            f'param_scheduler.1.end={max_iters}', f'default_hooks.checkpoint.interval={ckpt_every}',
+            'default_hooks.checkpoint.max_keep_ckpts=-1', 'default_hooks.logger.interval=1']
+
+
+def _run(cmd):
+    out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def _weights(path):
+    return read_checkpoint(str(path))['state_dict']
+
+
+def _losses(work_dir):
+    (run,) = [d for d in os.listdir(work_dir) if os.path.isdir(os.path.join(work_dir, d))]
+    with open(os.path.join(work_dir, run, 'vis_data', 'scalars.json')) as f:
+        rows = [json.loads(line) for line in f]
+    return [(r['iter'], r['loss']) for r in rows if 'loss' in r]
+
+
+def test_sigkill_then_resume_equals_uninterrupted_run(shapes, tmp_path):
+    ref, crash = tmp_path / 'ref', tmp_path / 'crash'
+    _run(_train_cmd(shapes, ref, 12, 4))
+
+    proc = subprocess.Popen(_train_cmd(shapes, crash, 12, 4), cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while not (crash / 'iter_4.pth').exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, 'training ended before it could be killed'
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (crash / 'iter_12.pth').exists()
+
+    out = _run(_train_cmd(shapes, crash, 12, 4, '--resume'))
+    assert 'resumed epoch: 0, iter: ' in out.stdout + out.stderr
+    want, got = _weights(ref / 'iter_12.pth'), _weights(crash / 'iter_12.pth')
+    assert want.keys() == got.keys()
+    diff = [k for k in want if not torch.equal(want[k], got[k])]
+    assert not diff, f'{len(diff)} tensors differ, e.g. {diff[:3]}'
+
+
+def test_same_seed_same_losses(shapes, tmp_path):
+    a, b = tmp_path / 'a', tmp_path / 'b'
+    _run(_train_cmd(shapes, a, 20, 100))
+    _run(_train_cmd(shapes, b, 20, 100))
+    la, lb = _losses(a), _losses(b)
+    assert len(la) == 20 and la == lb
+
+
+def test_atomic_checkpoint_write(tmp_path, monkeypatch):
+    from mmengine.fileio import get_file_backend
+    target = tmp_path / 'iter_8.pth'
+    target.write_bytes(b'previous complete file')
+    backend = get_file_backend(str(target))
+    assert type(backend).__name__ == 'AtomicLocalBackend'
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt  # the process dies between writing and renaming
+    monkeypatch.setattr(os, 'replace', killed)
+    with pytest.raises(KeyboardInterrupt):
+        backend.put(b'new data', str(target))
+    assert target.read_bytes() == b'previous complete file'
+    assert os.listdir(tmp_path) == ['iter_8.pth']  # no temp file left behind
+    monkeypatch.undo()
+    backend.put(b'new data', str(target))
+    assert target.read_bytes() == b'new data'
+
+
+def test_resume_skips_an_incomplete_last_checkpoint(tmp_path):
+    torch.save({'state_dict': {'w': torch.ones(3)}, 'meta': {}}, tmp_path / 'iter_4.pth')
+    torch.save({'state_dict': {'w': torch.ones(1000)}, 'meta': {}}, tmp_path / 'iter_8.pth')
+    data = (tmp_path / 'iter_8.pth').read_bytes()
+    (tmp_path / 'iter_8.pth').write_bytes(data[: len(data) // 3])  # killed mid-write
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_8.pth'))
+    assert find_resumable_checkpoint(str(tmp_path)) == str(tmp_path / 'iter_4.pth')
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_'))  # itself cut short
+    assert find_resumable_checkpoint(str(tmp_path)) == str(tmp_path / 'iter_4.pth')
+    assert find_resumable_checkpoint(str(tmp_path / 'nothing_here')) is None

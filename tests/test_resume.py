@@ -116,3 +116,28 @@ def test_resume_skips_an_incomplete_last_checkpoint(tmp_path):
     (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_'))  # itself cut short
     assert find_resumable_checkpoint(str(tmp_path)) == str(tmp_path / 'iter_4.pth')
     assert find_resumable_checkpoint(str(tmp_path / 'nothing_here')) is None
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ('touch PWNED_BY_CHECKPOINT',))
+
+
+@pytest.mark.parametrize('tool', ['test', 'resume'])
+def test_pickle_payload_refused_by_the_tools(shapes, tmp_path, tool):
+    """``tools/test.py CKPT`` and ``tools/train.py --resume CKPT`` refuse a checkpoint that would
+    run a command when unpickled, say why, and run nothing."""
+    evil = tmp_path / 'evil.pth'
+    torch.save({'state_dict': {}, 'meta': _Payload()}, evil)
+    if tool == 'test':
+        cmd = [sys.executable, os.path.join(ROOT, 'tools', 'test.py'), CFG, str(evil),
+               '--work-dir', str(tmp_path / 'wd'), '--cfg-options',
+               f'test_dataloader.dataset.data_root={shapes}/',
+               f'test_evaluator.ann_file={shapes}/annotations/instances_val.json',
+               'model.backbone.arch=nano_12_p16']
+    else:
+        cmd = _train_cmd(shapes, tmp_path / 'wd', 4, 4, '--resume', str(evil))
+    out = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    assert 'refusing to load' in out.stderr and 'posix.system' in out.stderr
+    assert not (tmp_path / 'PWNED_BY_CHECKPOINT').exists()

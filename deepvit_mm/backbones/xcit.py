@@ -12,9 +12,11 @@ import timm
 import torch
 import torch.nn as nn
 from timm.models.xcit import checkpoint_filter_fn
+from torch.utils.checkpoint import checkpoint
 
 from ..registry import register_model
 from .columnar import ArchSpec, ColumnarBackbone, count_blocks
+from .xcit_fast import fourier_position_encoding, xca_block_forward
 
 __all__ = ['XCiT']
 
@@ -53,6 +55,11 @@ class XCiT(ColumnarBackbone):
         drop_path_rate (float, optional): Stochastic depth (constant over blocks, as in the
             paper). Default: Table B.1's value for ``arch``.
         layer_scale_init (float, optional): LayerScale eta. Default: Table B.1's value.
+        fast_forward (bool): Run the blocks through ``xcit_fast`` (cross-covariance attention
+            from the Gram matrix, contiguous LPI convs, fused LayerScale residuals): the same
+            parameters and the same result as timm's ``forward_intermediates`` (to float
+            rounding), with less memory traffic. ``False`` runs timm's own forward.
+            Default: True.
         norm_cfg (dict): Norm of the conv parts (patch embedding, LPI, adapter).
             Default: ``dict(type='BN', requires_grad=True)``.
         frozen_stages (int): See ``ColumnarBackbone``. Default: -1.
@@ -66,8 +73,9 @@ class XCiT(ColumnarBackbone):
                    r'(?:_(?:224|384))?(?:_dist)?'
 
     def __init__(self, arch: str = 'small_12_p16', *, layer_scale_init: Optional[float] = None,
-                 **kwargs) -> None:
+                 fast_forward: bool = True, **kwargs) -> None:
         self._layer_scale_init = layer_scale_init
+        self.fast_forward = fast_forward
         super().__init__(arch, **kwargs)
 
     def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, **kwargs) -> nn.Module:
@@ -76,8 +84,25 @@ class XCiT(ColumnarBackbone):
                                  drop_path_rate=drop_path_rate, eta=eta, **kwargs)
 
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
-        return self.trunk.forward_intermediates(
-            x, indices=list(self.out_indices), output_fmt='NCHW', intermediates_only=True)
+        if not self.fast_forward:
+            return self.trunk.forward_intermediates(
+                x, indices=list(self.out_indices), output_fmt='NCHW', intermediates_only=True)
+        # timm's forward_intermediates, step for step, with the blocks run by xcit_fast
+        trunk = self.trunk
+        B = x.shape[0]
+        x, (Hp, Wp) = trunk.patch_embed(x)
+        if trunk.pos_embed is not None:
+            x = x + fourier_position_encoding(trunk.pos_embed, Hp, Wp)
+        x = trunk.pos_drop(x)
+        taps = []
+        for i, blk in enumerate(trunk.blocks):
+            if trunk.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(xca_block_forward, blk, x, Hp, Wp, use_reentrant=False)
+            else:
+                x = xca_block_forward(blk, x, Hp, Wp)
+            if i in self.out_indices:
+                taps.append(x.reshape(B, Hp, Wp, -1).permute(0, 3, 1, 2).contiguous())
+        return taps
 
     def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         # official releases: `pos_embeder.*` -> `pos_embed.*` (timm's own filter)

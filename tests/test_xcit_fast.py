@@ -1,0 +1,96 @@
+"""The fast XCiT forward (deepvit_mm.backbones.xcit_fast) equals timm's, forward and backward."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from deepvit_mm import XCiT
+from deepvit_mm.backbones.xcit_fast import xca_from_gram
+
+
+def _randomize(m: nn.Module) -> nn.Module:
+    """Non-trivial BN statistics, biases, LayerScale and temperatures, so every term counts."""
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.5, 0.5)
+            mod.running_var.uniform_(0.5, 1.5)
+        if isinstance(mod, nn.Linear) and mod.bias is not None:
+            mod.bias.data.normal_(0, 0.3)
+    for n, p in m.named_parameters():
+        if n.endswith(('gamma1', 'gamma2', 'gamma3', 'temperature')):
+            p.data.uniform_(0.5, 1.5)
+    return m
+
+
+def _pair(arch, **kw):
+    fast = _randomize(XCiT(arch, **kw))
+    ref = copy.deepcopy(fast)
+    ref.fast_forward = False
+    return fast, ref
+
+
+@pytest.mark.parametrize('arch', ['nano_12_p16', 'nano_12_p8'])
+@pytest.mark.parametrize('hw', [(64, 96), (50, 70)])
+def test_eval_outputs_equal_timm(arch, hw):
+    fast, ref = _pair(arch)
+    x = torch.randn(2, 3, *hw)
+    with torch.no_grad():
+        got, want = fast.eval()(x), ref.eval()(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * w.abs().max().item())
+
+
+@pytest.mark.parametrize('with_cp', [False, True])
+def test_training_gradients_equal_timm(with_cp):
+    # drop path on: both forwards draw the same random numbers in the same order
+    fast, ref = _pair('nano_12_p16', drop_path_rate=0.1, with_cp=with_cp)
+    x = torch.randn(2, 3, 64, 64)
+    grads = []
+    for m in (fast, ref):
+        m.train()
+        torch.manual_seed(1)
+        sum(o.pow(2).mean() for o in m(x)).backward()
+        grads.append({n: p.grad for n, p in m.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[0]:
+        g, w = grads[0][n], grads[1][n]
+        assert g is not None and w is not None, n
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-5 * max(w.abs().max().item(), 1e-3),
+                                   msg=n)
+
+
+def test_bf16_autocast_as_accurate_as_timm():
+    fast, ref = _pair('nano_12_p16')
+    fast.eval(), ref.eval()
+    x = torch.randn(1, 3, 96, 128)
+    with torch.no_grad():
+        exact = ref(x)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            ours, theirs = fast(x), ref(x)
+
+    def err(outs):
+        return max(((o.float() - e).abs().max() / e.abs().max()).item() for o, e in zip(outs, exact))
+    assert err(ours) < 2 * err(theirs) + 1e-3
+
+
+def test_gram_attention_equals_timm_xca_with_and_without_bias():
+    import timm
+    m = timm.create_model('xcit_nano_12_p16_224', num_classes=0)
+    attn = _randomize(m).blocks[0].attn.eval()
+    x = torch.randn(2, 77, 128) * 3 + 0.5  # an offset makes the bias terms matter
+    with torch.no_grad():
+        torch.testing.assert_close(xca_from_gram(attn, x), attn(x), rtol=1e-4, atol=1e-5)
+        attn.qkv.bias = None
+        torch.testing.assert_close(xca_from_gram(attn, x), attn(x), rtol=1e-4, atol=1e-5)
+
+
+def test_non_linear_qkv_falls_back_to_timm_attention():
+    fast, ref = _pair('nano_12_p16')
+    for m in (fast, ref):
+        torch.manual_seed(2)
+        m.trunk.blocks[0].attn.qkv = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 384))
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        for g, w in zip(fast.eval()(x), ref.eval()(x)):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)

@@ -237,10 +237,12 @@ def load_backbone_weights(
         if missing:
             parts.append(f'{len(missing)} model tensors missing from it: {_summarize(missing)}')
         hint = describe(state_dict) if describe is not None else ''
+        # what the checkpoint is comes first: the tensor lists that follow can be long
         raise CheckpointError(
-            f'{source} does not fit {type(module).__name__}: ' + ' | '.join(parts)
+            f'{source} does not fit {type(module).__name__}'
             + (f'. {hint}' if hint else '')
-            + '. Use a checkpoint of the same architecture, or set `arch` to match it.')
+            + '. Use a checkpoint of the same architecture, or set `arch` to match it. '
+            + ' | '.join(parts))
     for k in target:
         if k not in new_sd:
             report.left_at_init.append(k)

@@ -317,7 +317,8 @@ class ColumnarBackbone(BaseModule):
             arch = fam.arch_from_state_dict(state_dict)
             if arch:
                 return f'It looks like a checkpoint of {fam.__name__}(arch={arch!r})'
-        return ''
+        names = ', '.join(fam.__name__ for fam in ColumnarBackbone.families)
+        return f'It is not a checkpoint of a model deepvit_mm knows ({names})'
 
     def load_pretrained(self, path: str) -> LoadReport:
         """Load ``path`` (any supported format/layout), log and return the report."""

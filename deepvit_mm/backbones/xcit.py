@@ -134,5 +134,5 @@ class XCiT(ColumnarBackbone):
         desc = super().describe_state_dict(state_dict)
         qkv = qkv_cfg_from_state_dict(state_dict, prefix='trunk.')
         if desc.startswith(f'It looks like a checkpoint of {cls.__name__}') and qkv is not None:
-            desc += f' with qkv_cfg={qkv}'
+            desc += f' with qkv_cfg={qkv} (set the backbone\'s qkv_cfg to match it)'
         return desc

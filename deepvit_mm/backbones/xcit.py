@@ -5,6 +5,9 @@ embedding, Fourier position encoding, LayerScale); the class-attention blocks, c
 norm and head are not built. Taps are raw block outputs, as in the paper's detection code
 (appendix B.2): blocks 4/6/8/12 of 12-layer models, 8/12/16/24 of 24-layer ones.
 Stochastic depth and LayerScale init follow the paper's Table B.1.
+
+The Q/K/V embedding of XCA is an option (``qkv_cfg``): timm's linear layer by default, or the
+non-linear SNE, P-SNE and F-SNE embeddings of "Non-linear Q, K, V embeddings" (``deepvit_mm.qkv``).
 """
 from typing import Dict, List, Mapping, Optional
 
@@ -14,6 +17,7 @@ import torch.nn as nn
 from timm.models.xcit import checkpoint_filter_fn
 from torch.utils.checkpoint import checkpoint
 
+from ..qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
 from ..registry import register_model
 from .columnar import ArchSpec, ColumnarBackbone, count_blocks
 from .xcit_fast import fourier_position_encoding, xca_block_forward
@@ -55,6 +59,13 @@ class XCiT(ColumnarBackbone):
         drop_path_rate (float, optional): Stochastic depth (constant over blocks, as in the
             paper). Default: Table B.1's value for ``arch``.
         layer_scale_init (float, optional): LayerScale eta. Default: Table B.1's value.
+        qkv_cfg (dict, optional): The Q/K/V embedding of every XCA block: ``dict(type='Linear')``
+            (timm's, the default), ``dict(type='SNE')``, ``dict(type='PSNE')`` or
+            ``dict(type='FSNE', code_size=8)``, each with an optional ``hidden`` width (default:
+            the paper's Table 1 for d = 128/192 and a rule for other widths; ``hidden='*'`` is
+            F-SNE's parameter-matched width). See ``deepvit_mm.qkv``. Loading a linear checkpoint
+            into a non-linear embedding loads everything else and reports the Q/K/V layers (and
+            F-SNE's codes) as left at init. Default: None (linear).
         fast_forward (bool): Run the blocks through ``xcit_fast`` (cross-covariance attention
             from the Gram matrix, contiguous LPI convs, fused LayerScale residuals): the same
             parameters and the same result as timm's ``forward_intermediates`` (to float
@@ -73,15 +84,37 @@ class XCiT(ColumnarBackbone):
                    r'(?:_(?:224|384))?(?:_dist)?'
 
     def __init__(self, arch: str = 'small_12_p16', *, layer_scale_init: Optional[float] = None,
-                 fast_forward: bool = True, **kwargs) -> None:
+                 qkv_cfg: Optional[dict] = None, fast_forward: bool = True,
+                 **kwargs) -> None:
         self._layer_scale_init = layer_scale_init
+        self.qkv_cfg = normalize_qkv_cfg(qkv_cfg)
         self.fast_forward = fast_forward
         super().__init__(arch, **kwargs)
 
     def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, **kwargs) -> nn.Module:
         eta = spec.eta if self._layer_scale_init is None else self._layer_scale_init
-        return timm.create_model(spec.timm, pretrained=False, num_classes=0,
-                                 drop_path_rate=drop_path_rate, eta=eta, **kwargs)
+        trunk = timm.create_model(spec.timm, pretrained=False, num_classes=0,
+                                  drop_path_rate=drop_path_rate, eta=eta, **kwargs)
+        return set_qkv_embed(trunk, self.qkv_cfg)
+
+    def _frozen_modules(self) -> List[nn.Module]:
+        mods = super()._frozen_modules()
+        # F-SNE's codes serve every block: frozen only once all the blocks used are
+        if hasattr(self.trunk, 'qkv_codes') and self.frozen_stages >= self._kept_blocks:
+            mods.append(self.trunk.qkv_codes)
+        return mods
+
+    def _drop_patterns(self) -> List[str]:
+        pats = super()._drop_patterns()
+        if self.qkv_cfg['type'] != 'Linear':  # a linear checkpoint's qkv has no place here
+            pats.append(r'^trunk\.blocks\.\d+\.attn\.qkv\.(weight|bias)$')
+        return pats
+
+    def _init_ok_patterns(self) -> List[str]:
+        pats = super()._init_ok_patterns()
+        if self.qkv_cfg['type'] != 'Linear':  # non-linear Q/K/V (and codes) may start at init
+            pats += [r'^trunk\.blocks\.\d+\.attn\.qkv\.', r'^trunk\.qkv_codes\.']
+        return pats
 
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
         if not self.fast_forward:
@@ -121,3 +154,11 @@ class XCiT(ColumnarBackbone):
             if (spec.embed_dim, spec.depth, spec.patch_size) == (dim, depth, patch):
                 return name
         return f'unknown XCiT (embed_dim={dim}, depth={depth}, patch={patch})'
+
+    @classmethod
+    def describe_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> str:
+        desc = super().describe_state_dict(state_dict)
+        qkv = qkv_cfg_from_state_dict(state_dict, prefix='trunk.')
+        if desc.startswith(f'It looks like a checkpoint of {cls.__name__}') and qkv is not None:
+            desc += f' with qkv_cfg={qkv} (set the backbone\'s qkv_cfg to match it)'
+        return desc

@@ -8,7 +8,7 @@ from .version import __version__
 
 check_versions()
 
-from .backbones import ColumnarBackbone, XCiT  # noqa: E402
+from .backbones import CaiT, ColumnarBackbone, XCiT  # noqa: E402
 from .checkpoints import CheckpointError, install_mmengine_loader, read_checkpoint  # noqa: E402
 from .engine import CPUAmpOptimWrapper, RNGStateHook  # noqa: E402
 from .pyramid import ColumnarPyramid  # noqa: E402
@@ -42,6 +42,6 @@ def _register_config_package() -> None:
 
 _register_config_package()
 
-__all__ = ['__version__', 'XCiT', 'ColumnarBackbone', 'ColumnarPyramid', 'CheckpointError',
+__all__ = ['__version__', 'XCiT', 'CaiT', 'ColumnarBackbone', 'ColumnarPyramid', 'CheckpointError',
            'CPUAmpOptimWrapper', 'RNGStateHook',
            'read_checkpoint']

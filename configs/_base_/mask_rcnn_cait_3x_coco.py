@@ -1,0 +1,51 @@
+# Mask R-CNN 3x on COCO with a CaiT backbone. CaiT's paper has no detection results; this applies
+# the XCiT recipe (XCiT paper Table 5, section 4.2) unchanged: Mask R-CNN + FPN, 36 epochs, AdamW
+# lr 1e-4, weight decay 0.05, batch 16 (8 GPUs x 2), DETR's multi-scale augmentation, SyncBN.
+# Everything but the backbone and its weight-decay exemptions is inherited from the XCiT parent, so
+# the two families share one schedule.
+#
+# Backbone: taps at 1/3, 1/2, 2/3 and the end of the trunk (blocks 8/12/16/24 of 24), stride 16 ->
+# the pyramid adapter's ConvT-BN-GELU-ConvT / ConvT / identity / max-pool levels. At 800x1333 a
+# /16 grid has ~4,200 tokens: global talking-heads attention in all 24 blocks would hold several
+# 8 x 4200 x 4200 maps per block (tens of GB per image), so, as ViTDet does for ViT, the blocks
+# attend within 14x14-patch windows (the 224-pretraining grid) except the four tapped blocks,
+# which stay global; gradient checkpointing keeps one block's activations at a time (measured:
+# see the notes of the CaiT backbone, tools/benchmark_memory.py).
+#
+# Children set `arch`, `embed_dim` and `pretrained` *and* the model fields that use them (mmengine
+# evaluates this file before the child, so changing a variable alone changes nothing).
+_base_ = ['./mask_rcnn_xcit_3x_coco.py']
+
+arch = 's24'  # see deepvit_mm.CaiT.arch_zoo
+embed_dim = 384  # XXS: 192, XS: 288, S: 384; every tap has embed_dim channels
+# ImageNet-1k weights, downloaded here beforehand (nothing is fetched at train time): the official
+# release (https://dl.fbaipublicfiles.com/deit/S24_224.pth, a dict under 'model') or timm's
+# (Hugging Face timm/cait_s24_224.fb_dist_in1k, .safetensors). 224 and 384 releases both work:
+# the position embedding keeps the checkpoint's grid and is resampled to each input's grid.
+pretrained = 'checkpoints/S24_224.pth'
+
+model = dict(
+    backbone=dict(
+        _delete_=True,  # drop the XCiT arguments
+        type='CaiT',
+        arch=arch,
+        # drop path and LayerScale init default to the paper's Table 4 for `arch`
+        window_size=14,  # global attention only in the tapped blocks (global_blocks=out_indices)
+        with_cp=True,
+        # SyncBN in the pyramid adapter (the only BatchNorm); mmengine's Runner reverts it to BN in
+        # a non-distributed run
+        norm_cfg=dict(type='SyncBN', requires_grad=True),
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    neck=dict(in_channels=[embed_dim] * 4))
+
+# AdamW as in the parent. No weight decay on norm layers (by type), LayerScale (gamma_1, gamma_2)
+# and the position embedding, as in CaiT's ImageNet training.
+optim_wrapper = dict(
+    paramwise_cfg=dict(
+        _delete_=True,  # drop the XCiT keys (gamma1..3, temperature)
+        norm_decay_mult=0.,
+        custom_keys={
+            '.gamma_1': dict(decay_mult=0.),
+            '.gamma_2': dict(decay_mult=0.),
+            'pos_embed': dict(decay_mult=0.),
+        }))

@@ -1,0 +1,300 @@
+"""CaiT backbone: Going deeper with Image Transformers (Touvron et al., ICCV 2021).
+
+Built on timm's ``Cait`` (talking-heads self-attention, LayerScale, learned absolute position
+embedding); the class-attention stage, class token, final norm and head are not built (timm's
+``prune_intermediate_layers``). Sizes follow the paper's Table 3 (``d = 48 x heads``), stochastic
+depth and LayerScale init its Table 4. Taps are raw block outputs at 1/3, 1/2, 2/3 and the end of
+the trunk (0-based 7/11/15/23 for 24 blocks, 11/17/23/35 for 36, 15/23/31/47 for 48).
+
+What dense prediction adds to timm's model, and why it is written here:
+
+* **Any input size.** timm 1.0's ``Cait`` has no ``dynamic_img_size`` (unlike its
+  ``VisionTransformer``): ``forward_intermediates`` adds ``pos_embed`` as stored, so it only runs at
+  the grid it was built for. ``_forward_taps`` is therefore the few lines of that loop (timm's patch
+  embedding, the position embedding resampled to the input's patch grid with timm's
+  ``resample_abs_pos_embed``, bicubic, timm's blocks and ``checkpoint``), and equals timm's
+  ``forward_intermediates`` at the model's own grid (tested to 1e-5).
+* **The checkpoint's grid.** ``pos_embed`` keeps the grid it was trained at: loading a checkpoint
+  whose embedding has another square grid (``cait_s24_384``: 24x24 into a model built at 14x14)
+  re-shapes the model's parameter to that grid (the report's ``resized`` line says so) instead of
+  resampling the weights twice (once at load, again per input). This also holds for mmengine's
+  ``load_from``/``--resume``/``tools/test.py``, which load through ``_load_from_state_dict``.
+* **Windowed attention** (ViTDet): with ``window_size > 0`` every block except ``global_blocks``
+  (default: the tapped blocks) attends within windows (``GridTalkingHeadAttn``, timm's attention on
+  window-partitioned tokens). Tokens travel through the blocks as a ``(B, H, W, C)`` grid so that
+  the attention knows the layout; timm's LayerNorm, MLP, LayerScale and drop path work on it as is.
+"""
+import math
+import re
+from collections import OrderedDict
+from functools import partial
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+from mmengine.logging import print_log
+from timm.layers import PatchEmbed, resample_abs_pos_embed
+from timm.models import checkpoint
+from timm.models.cait import Cait, checkpoint_filter_fn
+
+from ..registry import register_model
+from .columnar import ArchSpec, ColumnarBackbone, count_blocks
+from .window_attention import GridTalkingHeadAttn
+
+__all__ = ['CaiT']
+
+# Resampled position embeddings kept per model for inference (one per input grid seen).
+_POS_CACHE_SIZE = 8
+
+
+def even_taps(depth: int) -> Tuple[int, ...]:
+    """0-based blocks at 1/3, 1/2, 2/3 and the end of a ``depth``-block trunk."""
+    return tuple(depth * num // den - 1 for num, den in ((1, 3), (1, 2), (2, 3), (1, 1)))
+
+
+def _cait_zoo() -> Dict[str, ArchSpec]:
+    # name: (embed_dim, depth, drop_path_rate, LayerScale eps) from the paper's Tables 3 and 4;
+    # heads = embed_dim / 48 (section 4.3)
+    sizes = {
+        'xxs24': (192, 24, 0.05, 1e-5),
+        'xxs36': (192, 36, 0.1, 1e-6),
+        'xs24': (288, 24, 0.05, 1e-5),
+        'xs36': (288, 36, 0.1, 1e-6),
+        's24': (384, 24, 0.1, 1e-5),
+        's36': (384, 36, 0.2, 1e-6),
+        's48': (384, 48, 0.3, 1e-6),
+        'm24': (768, 24, 0.2, 1e-5),
+        'm36': (768, 36, 0.3, 1e-6),
+        'm48': (768, 48, 0.4, 1e-6),
+    }
+    # timm registers these sizes (at the resolutions of the official releases); XS36, S48 and M24
+    # have no timm name nor released weights and are built from the same `Cait` class.
+    timm_names = {'xxs24': 'cait_xxs24_224', 'xxs36': 'cait_xxs36_224', 'xs24': 'cait_xs24_384',
+                  's24': 'cait_s24_224', 's36': 'cait_s36_384', 'm36': 'cait_m36_384',
+                  'm48': 'cait_m48_448'}
+    return {name: ArchSpec(timm=timm_names.get(name), embed_dim=dim, depth=depth, patch_size=16,
+                           num_heads=dim // 48, drop_path_rate=dpr, eta=eta,
+                           out_indices=even_taps(depth))
+            for name, (dim, depth, dpr, eta) in sizes.items()}
+
+
+@register_model
+class CaiT(ColumnarBackbone):
+    """CaiT for dense prediction: trunk (timm) -> 4 taps -> strides 4/8/16/32.
+
+    Args:
+        arch (str): ``xxs24``, ``xxs36``, ``xs24``, ``xs36``, ``s24``, ``s36``, ``s48``, ``m24``,
+            ``m36``, ``m48``, or timm's name such as ``cait_s24_384`` (its resolution then sets
+            ``img_size``). Default: ``'s24'``.
+        out_indices (Sequence[int], optional): 0-based taps. Default: blocks at 1/3, 1/2, 2/3 and
+            the end of the trunk, e.g. (7, 11, 15, 23) for 24 blocks.
+        out_strides (Sequence[int]): Pyramid strides. Default: (4, 8, 16, 32).
+        drop_path_rate (float, optional): Stochastic depth, uniform over blocks as in the paper.
+            Default: Table 4's value for ``arch``.
+        layer_scale_init (float, optional): LayerScale init eps. Default: Table 4's value.
+        img_size (int, optional): Resolution the position embedding is built for when no
+            checkpoint is loaded (its grid is ``img_size / 16``, square). Loading a checkpoint
+            takes the checkpoint's grid instead. Any input size works either way: the embedding
+            is resampled to each input's grid. Default: the resolution in a timm ``arch`` name,
+            else 224.
+        window_size (int): 0: global attention in every block (the classification model).
+            ``k > 0``: blocks other than ``global_blocks`` attend within ``k x k`` windows of
+            patches (ViTDet); 14 is the 224-pretraining grid. Default: 0.
+        global_blocks (Sequence[int], optional): 0-based blocks that keep global attention when
+            ``window_size > 0``. Default: ``out_indices``.
+        norm_cfg (dict): Norm of the pyramid adapter. Default: ``dict(type='BN', requires_grad=True)``.
+        frozen_stages (int): See ``ColumnarBackbone`` (0 freezes the patch and position
+            embeddings). Default: -1.
+        norm_eval (bool): See ``ColumnarBackbone``. Default: False.
+        with_cp (bool): Gradient checkpointing of every block. Default: False.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)``: an official CaiT
+            release (``{'model': ...}``), a timm ``.pth``/``.safetensors``, or a detector/segmentor
+            checkpoint.
+        trunk_kwargs: More timm ``Cait`` arguments (``attn_drop_rate``, ``in_chans``...).
+    """
+    arch_zoo = _cait_zoo()
+    name_pattern = r'(?:cait_)?((?:xxs|xs|s|m)(?:24|36|48))(?:_(?:224|384|448))?'
+
+    def __init__(self, arch: str = 's24', *, layer_scale_init: Optional[float] = None,
+                 img_size: Optional[int] = None, window_size: int = 0,
+                 global_blocks: Optional[Sequence[int]] = None, **kwargs) -> None:
+        self._layer_scale_init = layer_scale_init
+        self._img_size = self._check_img_size(arch, img_size)
+        if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 0:
+            raise ValueError(f'CaiT: window_size={window_size!r} must be 0 (global attention) or a '
+                             'positive number of patches, e.g. 14.')
+        if not window_size and global_blocks is not None:
+            raise ValueError(f'CaiT: global_blocks={tuple(global_blocks)} needs window_size > 0 '
+                             '(without windows every block is global).')
+        super().__init__(arch, **kwargs)
+        # inference-only cache of resampled position embeddings; see `pos_embed_for`
+        self._pos_cache: Dict[Tuple[int, int], torch.Tensor] = OrderedDict()
+        self._pos_cache_stamp: Optional[tuple] = None
+        self.window_size, self.global_blocks = self._check_windows(window_size, global_blocks)
+        for i, blk in enumerate(self.trunk.blocks):
+            blk.attn.window_size = 0 if i in self.global_blocks else self.window_size
+
+    # ----------------------------------------------------------------- construction
+    @staticmethod
+    def _check_img_size(arch, img_size) -> int:
+        if img_size is None:
+            m = re.search(r'_(\d+)$', str(arch).strip().lower().split('.')[0])
+            return int(m.group(1)) if m else 224
+        if isinstance(img_size, (tuple, list)):
+            if len(img_size) != 2 or img_size[0] != img_size[1]:
+                raise ValueError(f'CaiT: img_size={tuple(img_size)} must be square (one int): a '
+                                 'checkpoint stores its position embedding as a flat list of '
+                                 'patches and only a square grid can be recovered from it. Inputs '
+                                 'of any shape still work (the embedding is resampled).')
+            img_size = img_size[0]
+        if int(img_size) < 16:
+            raise ValueError(f'CaiT: img_size={img_size} is smaller than one 16x16 patch.')
+        return int(img_size)
+
+    def _check_windows(self, window_size, global_blocks) -> Tuple[int, Tuple[int, ...]]:
+        n = len(self.trunk.blocks)
+        if not window_size:
+            return 0, tuple(range(n))
+        if global_blocks is None:
+            return window_size, tuple(self.out_indices)
+        idx = tuple(int(i) for i in global_blocks)
+        if any(i < 0 or i >= n for i in idx) or list(idx) != sorted(set(idx)):
+            raise ValueError(f'CaiT({self.arch}): global_blocks {tuple(global_blocks)} must be '
+                             f'strictly increasing 0-based block indices in [0, {n - 1}] '
+                             f'(the default is out_indices {self.out_indices}).')
+        return window_size, idx
+
+    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, **kwargs) -> nn.Module:
+        eta = spec.eta if self._layer_scale_init is None else self._layer_scale_init
+        return Cait(
+            img_size=self._img_size, patch_size=spec.patch_size, embed_dim=spec.embed_dim,
+            # blocks after the last tap would be pruned right away: not built (nor initialised);
+            # drop path is uniform over blocks, so nothing else depends on the depth
+            depth=max(self.out_indices) + 1, num_heads=spec.num_heads, init_values=eta,
+            drop_path_rate=drop_path_rate, num_classes=0,
+            # any multiple of the patch size (the backbone pads inputs to a multiple of 32)
+            patch_layer=partial(PatchEmbed, strict_img_size=False),
+            attn_block=GridTalkingHeadAttn, **kwargs)
+
+    # ----------------------------------------------------------------- position embedding
+    @property
+    def pos_embed_grid(self) -> Tuple[int, int]:
+        """Patch grid ``(h, w)`` of the stored position embedding (timm's ``grid_size``)."""
+        return tuple(self.trunk.patch_embed.grid_size)
+
+    def pos_embed_for(self, grid: Tuple[int, int]) -> torch.Tensor:
+        """The learned position embedding resampled to a ``grid`` of patches.
+
+        Resampling is timm's ``resample_abs_pos_embed`` (bicubic, antialiased when shrinking), as
+        timm's ``VisionTransformer`` does with ``dynamic_img_size``.
+
+        Caching: when gradients can flow into ``pos_embed`` (grad mode on and the parameter
+        trainable, i.e. while training it), it is resampled on every call so that the gradient
+        reaches the stored embedding. Otherwise (inference, or a frozen embedding) the result is
+        cached per grid size (at most 8 sizes, least recently used first out). The cache is
+        stamped with the parameter's version counter, storage, dtype and device, so any change of
+        the weights (an optimizer step, ``load_state_dict``, ``.to()``, ``.half()``) invalidates it.
+
+        Args:
+            grid (tuple[int, int]): Patch grid ``(h, w)`` of the input.
+
+        Returns:
+            Tensor: ``(1, h * w, embed_dim)``.
+        """
+        pos = self.trunk.pos_embed
+        grid = (int(grid[0]), int(grid[1]))
+        old = self.pos_embed_grid
+        if grid == old:
+            return pos
+        if torch.is_grad_enabled() and pos.requires_grad:
+            return resample_abs_pos_embed(pos, new_size=grid, old_size=old, num_prefix_tokens=0)
+        stamp = (pos._version, pos.data_ptr(), pos.dtype, pos.device, tuple(pos.shape),
+                 torch.is_inference_mode_enabled())
+        if stamp != self._pos_cache_stamp:
+            self._pos_cache.clear()
+            self._pos_cache_stamp = stamp
+        out = self._pos_cache.get(grid)
+        if out is None:
+            with torch.no_grad():
+                out = resample_abs_pos_embed(pos, new_size=grid, old_size=old, num_prefix_tokens=0)
+            self._pos_cache[grid] = out
+            if len(self._pos_cache) > _POS_CACHE_SIZE:
+                self._pos_cache.popitem(last=False)
+        else:
+            self._pos_cache.move_to_end(grid)
+        return out
+
+    def _adopt_pos_embed_grid(self, value: torch.Tensor) -> bool:
+        """Re-shape ``trunk.pos_embed`` to the square grid of a checkpoint's ``value``.
+
+        The ``nn.Parameter`` object is kept (only its data changes), so an optimizer built before
+        the weights are loaded (mmengine builds it before ``init_weights`` and resume) still
+        updates it. Returns False (and changes nothing) when ``value`` already fits, or is not a
+        ``(1, n*n, embed_dim)`` embedding: the loader then reports the mismatch.
+        """
+        pos = self.trunk.pos_embed
+        if value.shape == pos.shape or value.dim() != 3 or value.shape[0] != 1 \
+                or value.shape[2] != pos.shape[2]:
+            return False
+        g = math.isqrt(value.shape[1])
+        if g * g != value.shape[1]:
+            return False
+        old = self.pos_embed_grid
+        with torch.no_grad():
+            pos.data = pos.data.new_zeros(value.shape)
+        self.trunk.patch_embed.set_input_size(img_size=(g * self.patch_size, g * self.patch_size))
+        print_log(f'CaiT({self.arch}): position embedding grid {old[0]}x{old[1]} -> the '
+                  f"checkpoint's {g}x{g}; resampled to each input's grid at run time.",
+                  logger='current')
+        return True
+
+    def _fit_to_state_dict(self, state_dict: Mapping[str, torch.Tensor]
+                           ) -> List[Tuple[str, tuple, tuple]]:
+        value = state_dict.get('trunk.pos_embed')
+        before = tuple(self.trunk.pos_embed.shape)
+        if value is None or not self._adopt_pos_embed_grid(value):
+            return []
+        return [('trunk.pos_embed', before, tuple(value.shape))]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # every loading path (ours, torch's, mmengine's load_from/resume) passes here first
+        value = state_dict.get(prefix + 'trunk.pos_embed')
+        if value is not None:
+            self._adopt_pos_embed_grid(value)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    # ----------------------------------------------------------------- forward
+    def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
+        # timm's Cait.forward_intermediates, with the position embedding resampled to the input's
+        # grid and the tokens kept as a (B, h, w, C) grid for windowed attention
+        B, _, H, W = x.shape
+        grid = (H // self.patch_size, W // self.patch_size)
+        trunk = self.trunk
+        x = trunk.patch_embed(x) + self.pos_embed_for(grid)
+        x = trunk.pos_drop(x).reshape(B, grid[0], grid[1], -1)
+        taps, take = [], set(self.out_indices)
+        for i, blk in enumerate(trunk.blocks):
+            if trunk.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(blk, x)
+            else:
+                x = blk(x)
+            if i in take:
+                taps.append(x.permute(0, 3, 1, 2).contiguous())
+        return taps
+
+    # ----------------------------------------------------------------- weights
+    def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        # official releases ({'model': ...}, maybe `module.`) have timm's keys: timm's own filter
+        return checkpoint_filter_fn(dict(state_dict), self.trunk)
+
+    @classmethod
+    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
+        if 'trunk.blocks.0.attn.proj_l.weight' not in state_dict \
+                or 'trunk.blocks.0.gamma_1' not in state_dict:
+            return None
+        dim = state_dict['trunk.blocks.0.gamma_1'].shape[0]
+        depth = count_blocks(state_dict)
+        for name, spec in cls.arch_zoo.items():
+            if (spec.embed_dim, spec.depth) == (dim, depth):
+                return name
+        return f'unknown CaiT (embed_dim={dim}, depth={depth})'

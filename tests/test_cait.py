@@ -1,0 +1,486 @@
+"""CaiT backbone: parity with timm, any input size, position-embedding resampling and its cache,
+windowed attention, gradients, arch names, input checks, weights and recipes."""
+import copy
+import os
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from mmengine.config import Config
+from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed
+from timm.models.cait import TalkingHeadAttn
+
+from deepvit_mm import CaiT, CheckpointError, XCiT
+from deepvit_mm.backbones.window_attention import GridTalkingHeadAttn
+
+ALL_ARCHS = list(CaiT.arch_zoo)
+TAPS = {24: (7, 11, 15, 23), 36: (11, 17, 23, 35), 48: (15, 23, 31, 47)}
+# Early taps prune the trunk to 4 blocks (timm's prune_intermediate_layers): the tests that are not
+# about the default taps use them to stay fast on 2 CPU cores.
+EARLY = (0, 1, 2, 3)
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
+
+
+def _randomize_layer_scale(module: torch.nn.Module) -> None:
+    """LayerScale starts at 1e-5: residual branches would vanish under a 1e-5 tolerance, so give
+    them weight before comparing anything."""
+    with torch.no_grad():
+        for n, p in module.named_parameters():
+            if n.endswith(('gamma_1', 'gamma_2')):
+                p.uniform_(0.2, 0.6)
+
+
+def _timm_model(name: str, **kwargs) -> torch.nn.Module:
+    m = timm.create_model(name, num_classes=1000, **kwargs)
+    _randomize_layer_scale(m)
+    return m.eval()
+
+
+def _timm_twin(backbone: CaiT, **kwargs) -> torch.nn.Module:
+    """timm's own Cait (as deep as the backbone's pruned trunk) with the backbone's weights."""
+    spec = backbone.arch_zoo[backbone.arch]
+    g = backbone.pos_embed_grid
+    ref = timm.create_model(spec.timm, num_classes=0, img_size=g[0] * 16,
+                            depth=len(backbone.trunk.blocks), **kwargs)
+    trunk_sd = {k[6:]: v for k, v in backbone.state_dict().items() if k.startswith('trunk.')}
+    missing, unexpected = ref.load_state_dict(trunk_sd, strict=False)
+    assert not unexpected
+    assert missing and all(k.startswith(('blocks_token_only', 'cls_token', 'norm.')) for k in missing)
+    return ref.eval()
+
+
+# ------------------------------------------------------------------------------ parity with timm
+@pytest.mark.parametrize('arch,res,taps', [('xxs24', 224, None), ('cait_xxs24_384', 384, EARLY),
+                                          ('xs24', 224, (1, 2, 4, 5))])
+def test_taps_equal_timm_intermediates_at_own_resolution(arch, res, taps):
+    m = CaiT(arch, out_indices=taps).eval()
+    assert m.pos_embed_grid == (res // 16, res // 16)
+    _randomize_layer_scale(m)
+    ref = _timm_twin(m)
+    x = torch.randn(1, 3, res, res)
+    with torch.no_grad():
+        want = ref.forward_intermediates(x, indices=list(m.out_indices), intermediates_only=True,
+                                         stop_early=True)
+        got = m._forward_taps(x)
+    assert len(got) == 4
+    for g, w in zip(got, want):
+        assert g.shape == w.shape == (1, m.embed_dim, res // 16, res // 16)
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('hw', [(160, 224), (96, 320)])
+def test_taps_at_other_sizes_equal_timm_with_resampled_embedding(hw):
+    """At a size timm's Cait cannot take, the taps are those of a timm Cait built for that size
+    whose position embedding was resampled by timm's own helper."""
+    m = CaiT('xxs24', out_indices=(1, 3, 4, 6)).eval()
+    _randomize_layer_scale(m)
+    grid = (hw[0] // 16, hw[1] // 16)
+    ref = timm.create_model('cait_xxs24_224', num_classes=0, img_size=hw, depth=7)
+    sd = {k[6:]: v for k, v in m.state_dict().items() if k.startswith('trunk.')}
+    sd['pos_embed'] = resample_abs_pos_embed(sd['pos_embed'], grid, (14, 14), num_prefix_tokens=0)
+    ref.load_state_dict(sd, strict=False)
+    x = torch.randn(1, 3, *hw)
+    with torch.no_grad():
+        want = ref.eval().forward_intermediates(x, indices=list(m.out_indices),
+                                                intermediates_only=True, stop_early=True)
+        got = m._forward_taps(x)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape == (1, 192, *grid)
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------ architectures
+@pytest.mark.parametrize('arch', ALL_ARCHS)
+def test_every_arch_builds(arch):
+    # the meta device runs the whole constructor without allocating or initialising the weights
+    # (an M48 takes ~19 s to initialise on 2 cores, 0.7 s on meta); values are checked below
+    with torch.device('meta'):
+        m = CaiT(arch)
+    spec = m.arch_zoo[arch]
+    depth = int(arch[-2:])
+    dim = {'xxs': 192, 'xs': 288, 's': 384, 'm': 768}[arch[:-2]]
+    assert (m.depth, m.embed_dim, m.patch_size) == (depth, dim, 16) == (spec.depth, spec.embed_dim, 16)
+    assert len(m.trunk.blocks) == depth and m.out_indices == TAPS[depth]
+    blk = m.trunk.blocks[0]
+    assert isinstance(blk.attn, GridTalkingHeadAttn) and blk.attn.num_heads == dim // 48
+    assert blk.gamma_1.shape == (dim,)
+    assert getattr(blk.drop_path, 'drop_prob', 0.0) == pytest.approx(spec.drop_path_rate)
+    # class-attention stage, class token, final norm and head are not built
+    assert m.trunk.blocks_token_only is None and m.trunk.cls_token is None
+    assert not any(k.startswith(('trunk.head', 'trunk.norm.', 'trunk.cls', 'trunk.blocks_token'))
+                   for k in m.state_dict())
+    assert m.out_channels == [dim] * 4 and m.pos_embed_grid == (14, 14)
+
+
+@pytest.mark.parametrize('arch,eta', [('xxs24', 1e-5), ('xxs36', 1e-6)])
+def test_layer_scale_init_values(arch, eta):
+    m = CaiT(arch, out_indices=EARLY)
+    assert len(m.trunk.blocks) == 4  # blocks after the last tap are not built
+    assert all(torch.all(b.gamma_1 == eta) and torch.all(b.gamma_2 == eta) for b in m.trunk.blocks)
+    assert torch.all(CaiT('xxs24', out_indices=EARLY, layer_scale_init=0.1).trunk.blocks[3].gamma_2
+                     == 0.1)
+
+
+def test_table4_values():
+    z = CaiT.arch_zoo
+    table4 = {'xxs24': (0.05, 1e-5), 'xxs36': (0.1, 1e-6), 'xs24': (0.05, 1e-5), 'xs36': (0.1, 1e-6),
+              's24': (0.1, 1e-5), 's36': (0.2, 1e-6), 's48': (0.3, 1e-6), 'm24': (0.2, 1e-5),
+              'm36': (0.3, 1e-6), 'm48': (0.4, 1e-6)}
+    assert {k: (v.drop_path_rate, v.eta) for k, v in z.items()} == table4
+
+
+def test_timm_names_and_tags_accepted():
+    assert CaiT.resolve_arch('cait_s24_224') == 's24'
+    assert CaiT.resolve_arch('cait_xxs24_384.fb_dist_in1k') == 'xxs24'
+    assert CaiT.resolve_arch('M48') == 'm48'
+    with torch.device('meta'):
+        assert CaiT('cait_s36_384.fb_dist_in1k').pos_embed_grid == (24, 24)
+        assert CaiT('cait_m48_448').pos_embed_grid == (28, 28)
+        assert CaiT('s24').pos_embed_grid == (14, 14)
+        assert CaiT('s24', img_size=384).pos_embed_grid == (24, 24)
+
+
+def test_bad_arguments_refused():
+    with pytest.raises(ValueError, match=r"unknown arch 'xxs12'.*Did you mean.*Valid"):
+        CaiT('xxs12')
+    with pytest.raises(ValueError, match='unknown arch'):
+        CaiT('cait_l24_224')
+    with pytest.raises(ValueError, match='embed_dim is fixed'):
+        CaiT('xxs24', embed_dim=256)
+    with pytest.raises(ValueError, match='must be square'):
+        CaiT('xxs24', img_size=(224, 320))
+    with pytest.raises(ValueError, match='window_size'):
+        CaiT('xxs24', window_size=-2)
+    with pytest.raises(ValueError, match='needs window_size > 0'):
+        CaiT('xxs24', global_blocks=(3, 7))
+    with pytest.raises(ValueError, match='global_blocks'):
+        CaiT('xxs24', window_size=7, global_blocks=(3, 24))
+    with pytest.raises(ValueError, match='out_indices'):
+        CaiT('xxs24', out_indices=(7, 11, 15, 24))
+
+
+def test_bad_inputs_refused():
+    m = CaiT('xxs24', out_indices=EARLY).eval()
+    with pytest.raises(ValueError, match='3-channel images, got 1'):
+        m(torch.randn(1, 1, 64, 64))
+    with pytest.raises(ValueError, match='smaller than one 16x16 patch'):
+        m(torch.randn(1, 3, 8, 64))
+
+
+# ------------------------------------------------------------------------------ any input size
+@pytest.fixture(scope='module')
+def xxs24_models():
+    return {w: CaiT('xxs24', window_size=w).eval() for w in (0, 3)}
+
+
+@pytest.mark.parametrize('window_size', [0, 3])
+@pytest.mark.parametrize('hw', [(64, 64), (96, 160), (70, 45), (33, 100)])
+def test_output_shapes_and_strides(hw, window_size, xxs24_models):
+    m = xxs24_models[window_size]
+    with torch.no_grad():
+        outs = m(torch.randn(1, 3, *hw))
+    H, W = (-(-hw[0] // 32) * 32, -(-hw[1] // 32) * 32)  # padded to a multiple of 32
+    assert [tuple(o.shape) for o in outs] == [(1, 192, H // s, W // s) for s in (4, 8, 16, 32)]
+    assert all(torch.isfinite(o).all() for o in outs)
+
+
+@pytest.mark.parametrize('grid', [(5, 7), (20, 14), (14, 14), (9, 31), (3, 2)])
+def test_resampled_embedding_equals_timms_dynamic_size_vit(grid):
+    """timm's ViT with ``dynamic_img_size`` resamples its (class-free) embedding the same way."""
+    m = CaiT('xxs24', out_indices=EARLY).eval()
+    vit = timm.create_model('vit_tiny_patch16_224', num_classes=0, class_token=False,
+                            no_embed_class=True, global_pool='avg', embed_dim=192, depth=1,
+                            dynamic_img_size=True).eval()
+    with torch.no_grad():
+        vit.pos_embed.copy_(m.trunk.pos_embed)
+        want = vit._pos_embed(torch.zeros(1, *grid, 192))  # adds its resampled embedding to 0
+        got = m.pos_embed_for(grid)
+        assert got.shape == (1, grid[0] * grid[1], 192)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+        direct = resample_abs_pos_embed(m.trunk.pos_embed, list(grid), num_prefix_tokens=0)
+        torch.testing.assert_close(got, direct, atol=0, rtol=0)
+
+
+def test_pos_embed_cache_in_inference_and_invalidation():
+    m = CaiT('xxs24', out_indices=EARLY).eval()
+    with torch.no_grad():
+        a = m.pos_embed_for((10, 20))
+        assert m.pos_embed_for((10, 20)) is a  # cached per grid
+        assert m.pos_embed_for((14, 14)) is m.trunk.pos_embed  # own grid: nothing to resample
+        m.trunk.pos_embed.mul_(2)  # any in-place change (optimizer step, load_state_dict)
+        b = m.pos_embed_for((10, 20))
+    assert b is not a
+    torch.testing.assert_close(b, 2 * a)
+    sd = copy.deepcopy(m.state_dict())
+    sd['trunk.pos_embed'] = torch.zeros_like(sd['trunk.pos_embed'])
+    m.load_state_dict(sd)
+    with torch.no_grad():
+        assert m.pos_embed_for((10, 20)).abs().sum() == 0
+        for i in range(12):
+            m.pos_embed_for((4 + i, 5))
+    assert len(m._pos_cache) == 8  # bounded
+
+
+def test_pos_embed_trains_through_resampling_and_frozen_one_is_cached():
+    m = CaiT('xxs24', out_indices=EARLY, drop_path_rate=0.0).train()
+    a = m.pos_embed_for((10, 20))
+    assert a.requires_grad and m.pos_embed_for((10, 20)) is not a  # recomputed: gradients flow
+    a.sum().backward()
+    assert m.trunk.pos_embed.grad is not None and m.trunk.pos_embed.grad.abs().sum() > 0
+    frozen = CaiT('xxs24', out_indices=EARLY, frozen_stages=0).train()
+    assert not frozen.trunk.pos_embed.requires_grad
+    assert frozen.pos_embed_for((10, 20)) is frozen.pos_embed_for((10, 20))
+
+
+# ------------------------------------------------------------------------------ windows
+@pytest.mark.parametrize('hw', [(4, 6), (5, 7)])
+def test_window_attention_is_timms_attention_per_window(hw):
+    torch.manual_seed(0)
+    attn = GridTalkingHeadAttn(32, num_heads=4, qkv_bias=True, window_size=2).eval()
+    ref = TalkingHeadAttn(32, num_heads=4, qkv_bias=True).eval()
+    ref.load_state_dict(attn.state_dict())
+    x = torch.randn(2, *hw, 32)
+    with torch.no_grad():
+        got = attn(x)
+        H, W = hw
+        xp = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))  # zero padding to a multiple of the window
+        want = torch.empty_like(xp)
+        for i in range(0, xp.shape[1], 2):
+            for j in range(0, xp.shape[2], 2):
+                win = xp[:, i:i + 2, j:j + 2].reshape(2, 4, 32)
+                want[:, i:i + 2, j:j + 2] = ref(win).reshape(2, 2, 2, 32)
+        torch.testing.assert_close(got, want[:, :H, :W], atol=1e-6, rtol=1e-5)
+        attn.window_size = 0
+        torch.testing.assert_close(attn(x), ref(x.reshape(2, H * W, 32)).reshape(x.shape),
+                                   atol=1e-6, rtol=1e-5)
+        attn.window_size = 8  # a grid within one window: global attention, no padding
+        torch.testing.assert_close(attn(x), ref(x.reshape(2, H * W, 32)).reshape(x.shape),
+                                   atol=1e-6, rtol=1e-5)
+
+
+def test_windowed_blocks_and_global_blocks():
+    with torch.device('meta'):  # structure only
+        m = CaiT('xxs24', window_size=14)
+    assert m.global_blocks == m.out_indices == (7, 11, 15, 23)
+    sizes = [b.attn.window_size for b in m.trunk.blocks]
+    assert [i for i, s in enumerate(sizes) if s == 0] == [7, 11, 15, 23]
+    assert all(s == 14 for i, s in enumerate(sizes) if i not in (7, 11, 15, 23))
+    with torch.device('meta'):
+        m = CaiT('xxs24', window_size=7, global_blocks=(5, 17))
+        assert [i for i, b in enumerate(m.trunk.blocks) if b.attn.window_size == 0] == [5, 17]
+        assert all(b.attn.window_size == 0 for b in CaiT('xxs24').trunk.blocks)
+
+
+def test_windowed_taps_see_only_their_window():
+    """Before the first global block, a change in one window stays inside that window."""
+    m = CaiT('xxs24', out_indices=(0, 1, 2, 3), window_size=2, global_blocks=(3,),
+             drop_path_rate=0.0).eval()
+    _randomize_layer_scale(m)
+    x = torch.randn(1, 3, 128, 128)  # 8x8 patches, 4x4 windows of 2x2
+    y = x.clone()
+    y[..., 16:32, 16:32] += 1.0  # patch (1, 1): window (0, 0)
+    with torch.no_grad():
+        a, b = m._forward_taps(x), m._forward_taps(y)
+    for k in range(3):  # windowed blocks
+        changed = (a[k] - b[k]).abs().amax(dim=1)[0] > 1e-6
+        assert changed[:2, :2].any() and not changed[2:].any() and not changed[:, 2:].any()
+    assert ((a[3] - b[3]).abs().amax(dim=1)[0] > 1e-6)[4:, 4:].any()  # global block 3
+
+
+@pytest.mark.parametrize('window_size', [0, 4])
+@pytest.mark.parametrize('with_cp', [False, True])
+def test_every_trainable_parameter_gets_a_gradient(window_size, with_cp):
+    # 8 blocks, 2 of them global when windowed
+    m = CaiT('xxs24', out_indices=(1, 3, 5, 7), window_size=window_size,
+             global_blocks=(3, 7) if window_size else None, with_cp=with_cp,
+             drop_path_rate=0.0).train()
+    assert m.trunk.grad_checkpointing == with_cp and len(m.trunk.blocks) == 8
+    _randomize_layer_scale(m)
+    outs = m(torch.randn(2, 3, 96, 160))  # 6x10 patches, not a multiple of the window
+    loss = sum(o.float().pow(2).mean() for o in outs)
+    assert torch.isfinite(loss)
+    loss.backward()
+    no_grad = [n for n, p in m.named_parameters() if p.requires_grad and
+               (p.grad is None or not torch.isfinite(p.grad).all() or p.grad.abs().sum() == 0)]
+    assert not no_grad, no_grad
+
+
+def test_gradient_checkpointing_gives_the_same_output_and_gradients():
+    torch.manual_seed(0)
+    a = CaiT('xxs24', out_indices=EARLY, window_size=4, drop_path_rate=0.0).train()
+    _randomize_layer_scale(a)
+    b = CaiT('xxs24', out_indices=EARLY, window_size=4, drop_path_rate=0.0, with_cp=True).train()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(1, 3, 96, 128)
+    grads = []
+    for m in (a, b):
+        out = m(x)
+        sum(o.pow(2).mean() for o in out).backward()
+        grads.append((out, m.trunk.blocks[0].attn.qkv.weight.grad, m.trunk.pos_embed.grad))
+    for u, v in zip(grads[0][0], grads[1][0]):
+        torch.testing.assert_close(u, v)
+    torch.testing.assert_close(grads[0][1], grads[1][1])
+    torch.testing.assert_close(grads[0][2], grads[1][2])
+
+
+def test_windowed_cait_trains_in_mmdets_mask_rcnn():
+    from mmdet.registry import MODELS
+    from mmdet.testing import demo_mm_inputs
+    from mmdet.utils import register_all_modules
+    from mmengine.registry import init_default_scope
+    register_all_modules()
+    init_default_scope('mmdet')
+    cfg = Config.fromfile(os.path.join(CONFIG_DIR, 'demo', 'mask_rcnn_cait_xxs24_shapes.py'))
+    cfg.model.backbone.update(window_size=3, with_cp=True, out_indices=EARLY)
+    model = MODELS.build(cfg.model).train()
+    data = model.data_preprocessor(
+        demo_mm_inputs(batch_size=2, image_shapes=[(3, 96, 128), (3, 128, 80)], num_items=[3, 2],
+                       num_classes=3, with_mask=True), True)
+    losses = model(**data, mode='loss')
+    loss, log_vars = model.parse_losses(losses)
+    assert torch.isfinite(loss) and {'loss_cls', 'loss_mask', 'loss_rpn_cls'} <= set(log_vars)
+    loss.backward()
+    grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+# ------------------------------------------------------------------------------ weights
+@pytest.fixture(scope='module')
+def timm_xxs24_384():
+    torch.manual_seed(1)
+    return _timm_model('cait_xxs24_384', depth=len(EARLY))
+
+
+def _build(path, arch='xxs24', **kwargs):
+    kwargs.setdefault('out_indices', EARLY)
+    from mmdet.registry import MODELS
+    m = MODELS.build(dict(type='CaiT', arch=arch, **kwargs,
+                          init_cfg=dict(type='Pretrained', checkpoint=str(path))))
+    m.init_weights()
+    return m.eval()
+
+
+def _assert_taps_match(backbone, timm_model, res):
+    x = torch.randn(1, 3, res, res)
+    with torch.no_grad():
+        want = timm_model.forward_intermediates(x, indices=list(backbone.out_indices),
+                                                intermediates_only=True, stop_early=True)
+        got = backbone._forward_taps(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_official_release_takes_the_checkpoints_grid(tmp_path, timm_xxs24_384):
+    """An official 384 release (``{'model': ...}``) into a model built at 224: the embedding takes
+    the checkpoint's 24x24 grid (reported), and the taps equal timm's at 384."""
+    path = tmp_path / 'XXS24_384.pth'
+    sd = {f'module.{k}': v.clone() for k, v in timm_xxs24_384.state_dict().items()}
+    torch.save({'model': sd, 'epoch': 400, 'args': {'lr': 1e-3}}, path)
+    m = CaiT('xxs24', out_indices=EARLY, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    assert m.pos_embed_grid == (14, 14)
+    param = m.trunk.pos_embed
+    report = m.load_pretrained(str(path))
+    assert m.pos_embed_grid == (24, 24) and m.trunk.pos_embed is param  # same Parameter object
+    assert report.resized == [('trunk.pos_embed', (1, 196, 192), (1, 576, 192))]
+    _assert_taps_match(m.eval(), timm_xxs24_384, 384)
+    dropped = set(report.dropped)
+    assert {'trunk.head.weight', 'trunk.cls_token', 'trunk.norm.weight'} <= dropped
+    assert any(k.startswith('trunk.blocks_token_only.') for k in dropped)
+    assert report.left_at_init and all(k.startswith('adapter.') for k in report.left_at_init)
+    text = report.format()
+    assert 'resized: trunk.pos_embed (1, 196, 192) -> (1, 576, 192)' in text
+    assert 'dropped on purpose' in text and 'left at init' in text
+
+
+def test_timm_pth_and_safetensors(tmp_path):
+    torch.manual_seed(2)
+    ref = _timm_model('cait_xxs24_224', depth=len(EARLY))
+    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    torch.save(sd, tmp_path / 'timm.pth')
+    save_file(sd, str(tmp_path / 'timm.safetensors'))
+    for name in ('timm.pth', 'timm.safetensors'):
+        m = _build(tmp_path / name, arch='cait_xxs24_224.fb_dist_in1k')
+        assert m.pos_embed_grid == (14, 14)
+        _assert_taps_match(m, ref, 224)
+
+
+def test_detector_checkpoint_through_mmengine_keeps_the_grid(tmp_path, timm_xxs24_384):
+    """load_from / resume / tools/test.py read our detector checkpoints with mmengine's loader,
+    into a model built at 224: the embedding takes the saved 24x24 grid there too."""
+    from mmengine.runner.checkpoint import load_checkpoint
+    src = CaiT('cait_xxs24_384', out_indices=EARLY)
+    kept = ('pos_embed', 'patch_embed', *(f'blocks.{i}.' for i in EARLY))
+    src.load_state_dict({f'trunk.{k}': v for k, v in timm_xxs24_384.state_dict().items()
+                         if k.startswith(kept)}, strict=False)
+    path = tmp_path / 'detector.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in src.state_dict().items()},
+                'meta': {}}, path)
+    detector = torch.nn.Module()
+    detector.backbone = CaiT('xxs24', out_indices=EARLY)
+    opt = torch.optim.AdamW(detector.parameters())  # built before loading, as mmengine does
+    load_checkpoint(detector, str(path), map_location='cpu', strict=True)
+    m = detector.backbone.eval()
+    assert m.pos_embed_grid == (24, 24)
+    assert any(p is m.trunk.pos_embed for g in opt.param_groups for p in g['params'])
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(m.state_dict()[k], v)
+    # and our own loader (init_cfg) reads the same file
+    _assert_taps_match(_build(path), timm_xxs24_384, 384)
+
+
+def test_other_cait_size_refused(tmp_path):
+    path = tmp_path / 'xxs36.pth'
+    torch.save({'model': timm.create_model('cait_xxs36_224').state_dict()}, path)
+    with pytest.raises(CheckpointError, match=r"does not have.*trunk\.blocks\.\*.*CaiT\(arch='xxs36'\)"):
+        _build(path)
+
+
+def test_cait_checkpoint_into_xcit_refused(tmp_path):
+    path = tmp_path / 'cait.pth'
+    torch.save(timm.create_model('cait_xxs24_224').state_dict(), path)
+    with pytest.raises(CheckpointError) as e:
+        XCiT('nano_12_p16').load_pretrained(str(path))
+    assert "It looks like a checkpoint of CaiT(arch='xxs24')" in str(e.value)
+
+
+def test_xcit_checkpoint_into_cait_refused(tmp_path):
+    path = tmp_path / 'xcit.pth'
+    torch.save({'model': timm.create_model('xcit_nano_12_p16_224').state_dict()}, path)
+    with pytest.raises(CheckpointError) as e:
+        _build(path)
+    assert "It looks like a checkpoint of XCiT(arch='nano_12_p16')" in str(e.value)
+
+
+# ------------------------------------------------------------------------------ recipes
+@pytest.mark.parametrize('size', ['xxs24', 'xs24', 's24'])
+def test_cait_recipes(size):
+    dim = CaiT.arch_zoo[size].embed_dim
+    det = Config.fromfile(os.path.join(CONFIG_DIR, f'mask_rcnn_cait_{size}_3x.py'))
+    xcit = Config.fromfile(os.path.join(CONFIG_DIR, 'mask_rcnn_xcit_s12_16_3x.py'))
+    # the XCiT recipes' hyper-parameters
+    for key in ('optim_wrapper.optimizer', 'param_scheduler', 'train_cfg', 'auto_scale_lr',
+                'train_dataloader.batch_size', 'train_dataloader.dataset.pipeline'):
+        assert _get(det, key) == _get(xcit, key), key
+    bb = det.model.backbone
+    assert (bb.type, bb.arch, bb.window_size) == ('CaiT', size, 14)
+    assert det.model.neck.in_channels == [dim] * 4
+    keys = det.optim_wrapper.paramwise_cfg.custom_keys
+    assert {k: v.decay_mult for k, v in keys.items()} == \
+        {'.gamma_1': 0.0, '.gamma_2': 0.0, 'pos_embed': 0.0}
+
+    seg = Config.fromfile(os.path.join(CONFIG_DIR, f'upernet_cait_{size}_160k_ade20k.py'))
+    opt = seg.optim_wrapper.optimizer
+    assert (opt.type, opt.lr, opt.weight_decay) == ('AdamW', 6e-5, 0.01)
+    assert seg.train_dataloader.batch_size * 8 == 16 and seg.crop_size == (512, 512)
+    assert seg.train_cfg.max_iters == 160000 and seg.model.pretrained is None
+    assert seg.model.backbone.arch == size
+    assert seg.model.decode_head.in_channels == [dim] * 4
+    assert seg.model.auxiliary_head.in_channels == dim
+
+
+def _get(cfg, dotted):
+    for k in dotted.split('.'):
+        cfg = cfg[k]
+    return cfg

@@ -62,6 +62,12 @@ class ColumnarBackbone(BaseModule):
         norm_eval (bool): Keep every BatchNorm of the backbone in eval mode while training.
             Default: False.
         with_cp (bool): Gradient checkpointing of every block. Default: False.
+        pad_input (bool): Zero-pad the input at the bottom/right to a multiple of the largest
+            output stride, so that every level is exactly ``H/s``. False feeds it as it is, as
+            the official XCiT detection/segmentation code did (its ADE20k evaluation ran on
+            unpadded images): the conv stem then rounds each stride-2 step up and the max-pool
+            levels round down, so level sizes are only close to ``H/s`` (mmseg's heads resize).
+            Both give the same result on sizes divisible by the largest stride. Default: True.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads a
             classification, timm, detector or segmentor checkpoint and logs a report.
         pretrained (str, optional): mmseg's older spelling of ``init_cfg``'s checkpoint (its
@@ -86,6 +92,7 @@ class ColumnarBackbone(BaseModule):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
+                 pad_input: bool = True,
                  init_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None,
                  **trunk_kwargs) -> None:
@@ -115,6 +122,7 @@ class ColumnarBackbone(BaseModule):
         self.out_indices = self._check_out_indices(out_indices, spec)
         self.norm_cfg = norm_cfg or dict(type='BN', requires_grad=True)
         self.pad_to = max(max(out_strides), self.patch_size)
+        self.pad_input = pad_input
         if self.pad_to % self.patch_size:
             raise ValueError(f'{type(self).__name__}: the largest output stride {self.pad_to} must be '
                              f'a multiple of the patch size {self.patch_size}.')
@@ -139,6 +147,8 @@ class ColumnarBackbone(BaseModule):
         if with_cp:
             self.trunk.set_grad_checkpointing(True)
         self._freeze_stages()
+        # detector/segmentor checkpoints of the official code load through load_state_dict too
+        self.register_load_state_dict_pre_hook(_convert_foreign_backbone_keys)
 
     # ----------------------------------------------------------------- architecture table
     @classmethod
@@ -211,12 +221,13 @@ class ColumnarBackbone(BaseModule):
 
         Returns:
             tuple[Tensor]: one ``(B, embed_dim, ceil(H/32)*32/s, ceil(W/32)*32/s)`` map per output
-            stride ``s`` (the input is zero-padded at the bottom/right to a multiple of 32).
+            stride ``s`` (the input is zero-padded at the bottom/right to a multiple of 32;
+            with ``pad_input=False`` the maps are as large as the unpadded input gives).
         """
         self._check_input(x)
         h, w = x.shape[-2:]
         ph, pw = (-h) % self.pad_to, (-w) % self.pad_to
-        if ph or pw:
+        if self.pad_input and (ph or pw):
             x = F.pad(x, (0, pw, 0, ph))
         return self.adapter(self._forward_taps(x))
 
@@ -234,6 +245,12 @@ class ColumnarBackbone(BaseModule):
             raise ValueError(f'{name}: input {tuple(x.shape[-2:])} is smaller than one '
                              f'{self.patch_size}x{self.patch_size} patch; resize images to at least '
                              f'{self.patch_size} pixels a side.')
+        # unpadded, the coarsest (max-pooled) level needs pad_to/patch_size patches a side
+        least = self.pad_to - self.patch_size + 1
+        if not self.pad_input and min(x.shape[-2:]) < least:
+            raise ValueError(f'{name}: with pad_input=False an input needs at least {least} pixels '
+                             f'a side for the stride-{self.pad_to} level, got '
+                             f'{tuple(x.shape[-2:])}; use pad_input=True or larger images.')
 
     # ----------------------------------------------------------------- training controls
     def _frozen_modules(self) -> List[nn.Module]:
@@ -342,6 +359,22 @@ class ColumnarBackbone(BaseModule):
         report.resized[:0] = refit
         print_log(report.format(), logger='current')
         return report
+
+
+def _convert_foreign_backbone_keys(module: ColumnarBackbone, state_dict: dict, prefix: str,
+                                   *args) -> None:
+    """``load_state_dict`` pre-hook: a whole detector/segmentor state dict of the official XCiT
+    code (``backbone.patch_embed.*``, ``backbone.blocks.N.*``, ``backbone.pos_embeder.*``,
+    ``backbone.fpn1.*``...) or a classification state dict is renamed, in place, to this module's
+    keys under ``prefix``, so ``load_from=``, ``--resume`` and ``tools/test.py CKPT`` (mmengine's
+    ``load_state_dict`` of the whole model) load it with no conversion step. Keys already in our
+    layout (``trunk.*``, ``adapter.*``) are left alone; so is everything outside ``prefix``."""
+    ours = [k for k in state_dict if k.startswith(prefix)]
+    rest = [k[len(prefix):] for k in ours]
+    if not rest or any(k.startswith(('trunk.', 'adapter.')) for k in rest):
+        return
+    converted = module.convert_state_dict({k: state_dict.pop(prefix + k) for k in rest})
+    state_dict.update({prefix + k: v for k, v in converted.items()})
 
 
 def count_blocks(state_dict: Mapping[str, torch.Tensor], prefix: str = 'trunk.blocks.') -> int:

@@ -9,18 +9,18 @@ Stochastic depth and LayerScale init follow the paper's Table B.1.
 The Q/K/V embedding of XCA is an option (``qkv_cfg``): timm's linear layer by default, or the
 non-linear SNE, P-SNE and F-SNE embeddings of "Non-linear Q, K, V embeddings" (``deepvit_mm.qkv``).
 """
+import types
 from typing import Dict, List, Mapping, Optional
 
 import timm
 import torch
 import torch.nn as nn
 from timm.models.xcit import checkpoint_filter_fn
-from torch.utils.checkpoint import checkpoint
 
 from ..qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
 from ..registry import register_model
 from .columnar import ArchSpec, ColumnarBackbone, count_blocks
-from .xcit_fast import fourier_position_encoding, xca_block_forward
+from .xcit_fast import xca_block_forward
 
 __all__ = ['XCiT']
 
@@ -88,8 +88,8 @@ class XCiT(ColumnarBackbone):
                  **kwargs) -> None:
         self._layer_scale_init = layer_scale_init
         self.qkv_cfg = normalize_qkv_cfg(qkv_cfg)
-        self.fast_forward = fast_forward
         super().__init__(arch, **kwargs)
+        self.fast_forward = fast_forward
 
     def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, **kwargs) -> nn.Module:
         eta = spec.eta if self._layer_scale_init is None else self._layer_scale_init
@@ -116,26 +116,26 @@ class XCiT(ColumnarBackbone):
             pats += [r'^trunk\.blocks\.\d+\.attn\.qkv\.', r'^trunk\.qkv_codes\.']
         return pats
 
-    def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
-        if not self.fast_forward:
-            return self.trunk.forward_intermediates(
-                x, indices=list(self.out_indices), output_fmt='NCHW', intermediates_only=True)
-        # timm's forward_intermediates, step for step, with the blocks run by xcit_fast
-        trunk = self.trunk
-        B = x.shape[0]
-        x, (Hp, Wp) = trunk.patch_embed(x)
-        if trunk.pos_embed is not None:
-            x = x + fourier_position_encoding(trunk.pos_embed, Hp, Wp)
-        x = trunk.pos_drop(x)
-        taps = []
-        for i, blk in enumerate(trunk.blocks):
-            if trunk.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(xca_block_forward, blk, x, Hp, Wp, use_reentrant=False)
+    @property
+    def fast_forward(self) -> bool:
+        """Whether the blocks run ``xcit_fast.xca_block_forward`` (see the class docstring)."""
+        return self._fast_forward
+
+    @fast_forward.setter
+    def fast_forward(self, on: bool) -> None:
+        # The faster forward is installed on each block instance, so timm's own
+        # forward_intermediates (its gradient checkpointing included) and forward hooks on the
+        # blocks work unchanged; removing it restores timm's XCABlock.forward.
+        self._fast_forward = bool(on)
+        for blk in self.trunk.blocks:
+            if on:
+                blk.forward = types.MethodType(xca_block_forward, blk)
             else:
-                x = xca_block_forward(blk, x, Hp, Wp)
-            if i in self.out_indices:
-                taps.append(x.reshape(B, Hp, Wp, -1).permute(0, 3, 1, 2).contiguous())
-        return taps
+                blk.__dict__.pop('forward', None)
+
+    def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
+        return self.trunk.forward_intermediates(
+            x, indices=list(self.out_indices), output_fmt='NCHW', intermediates_only=True)
 
     def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         # official releases: `pos_embeder.*` -> `pos_embed.*` (timm's own filter)

@@ -25,8 +25,7 @@ Everything else (LayerNorms, the MLP, dropouts, drop path) is timm's own module.
 import torch
 import torch.nn as nn
 
-__all__ = ['xca_from_gram', 'lpi_forward', 'xca_block_forward', 'has_linear_qkv',
-           'fourier_position_encoding']
+__all__ = ['xca_from_gram', 'lpi_forward', 'xca_block_forward', 'has_linear_qkv']
 
 
 def has_linear_qkv(attn: nn.Module) -> bool:
@@ -129,9 +128,3 @@ def xca_block_forward(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> torch.
     x = _residual(x, blk.gamma3, lpi_forward(blk.local_mp, blk.norm3(x), H, W), blk.drop_path3)
     x = _residual(x, blk.gamma2, blk.mlp(blk.norm2(x)), blk.drop_path2)
     return x
-
-
-def fourier_position_encoding(pos_embed: nn.Module, H: int, W: int) -> torch.Tensor:
-    """timm's ``PositionalEncodingFourier(B, H, W)`` for one image, as tokens ``(1, H*W, C)``
-    (added by broadcasting instead of repeating it B times)."""
-    return pos_embed(1, H, W).flatten(2).transpose(1, 2)

@@ -1,0 +1,172 @@
+"""Latency, throughput and peak memory of XCiT backbones or whole models (fp32 / bf16, inference
+and training passes) over input sizes; optionally against timm's own forward, and the mIoU of a
+checkpoint. Writes benchmark.md (tables), benchmark.csv (one row per measurement; compare.csv with
+--compare-timm) and benchmark.png (latency and peak memory vs input resolution) into --out-dir and
+prints the command line that reproduces them, every setting spelled out.
+
+Examples:
+  python tools/benchmark.py --arch small_12_p8 small_12_p16 --sizes 512 1024
+  python tools/benchmark.py --arch small_12_p8 --sizes 800x1344 --compare-timm
+  python tools/benchmark.py --config configs/upernet_xcit_s12_8_160k_ade20k.py --sizes 512 \\
+      --checkpoint upernet_xcit_small_12_p8.pth       # + mIoU on ADE20k val (single-scale)
+  python tools/benchmark.py --quick                   # tiny model and sizes, one repeat
+
+How it measures (details in deepvit_mm/benchmark.py): latency is the median of --repeats timed
+calls after --warmup calls; throughput = batch / latency. Every measurement runs in a fresh
+process forked from a clean fork server; its first call gives the peak memory: on CPU the peak
+resident set minus the resident set before the call (Linux: kernel high-water mark reset just
+before it), on CUDA torch.cuda.max_memory_allocated minus the memory allocated before it.
+'fwd' = inference (eval, no autograd), 'train' = forward + backward (no optimizer step);
+'bf16' = torch.autocast(bfloat16) on CPU or CUDA. Also reported: the first (cold) call's time and
+the CPU time of the process per call. On a shared machine, note the load average the report
+records: other processes slow every wall-clock number down; with --threads 1 the CPU time stays
+close to what an idle core takes (with more threads it also counts threads spinning while they
+wait for each other).
+"""
+import argparse
+import os
+import shlex
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mmengine.config import DictAction  # noqa: E402
+
+QUICK = dict(arch=['nano_12_p16'], sizes=['64', '96x128'], warmup=0, repeats=1)
+DEFAULTS = dict(arch=['small_12_p16'], sizes=['512', '1024'], warmup=2, repeats=5)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--arch', nargs='+', metavar='ARCH',
+                   help='XCiT backbones (trunk + pyramid adapter), short or timm names, e.g. '
+                        f'small_12_p8 xcit_small_12_p16_224 (default: {DEFAULTS["arch"][0]} '
+                        'unless --config is given; --quick: nano_12_p16)')
+    p.add_argument('--config', help='an mmseg/mmdet config: benchmark its whole model (random '
+                                    'weights; SyncBN -> BN); with --checkpoint also its mIoU')
+    p.add_argument('--sizes', nargs='+', metavar='SIZE',
+                   help='input sizes, N (square) or HxW (default: 512 1024; --quick: 64 96x128)')
+    p.add_argument('--batch', type=int, default=1, help='images per call (default: 1)')
+    p.add_argument('--dtypes', nargs='+', choices=['fp32', 'bf16'], default=['fp32', 'bf16'],
+                   help='fp32 and/or bf16 autocast (default: both)')
+    p.add_argument('--passes', nargs='+', choices=['fwd', 'train'], default=['fwd', 'train'],
+                   help="'fwd' inference and/or 'train' forward + backward (default: both)")
+    p.add_argument('--device', default='auto', choices=['auto', 'cpu', 'cuda'],
+                   help='auto: cuda when available (default: auto)')
+    p.add_argument('--threads', type=int, default=0,
+                   help="torch threads in each measurement (default: 0 = torch's default)")
+    p.add_argument('--warmup', type=int, help='untimed calls before timing, the memory-measuring '
+                                              'first call included (default: 2; --quick: 0)')
+    p.add_argument('--repeats', type=int, help='timed calls; the median is reported '
+                                               '(default: 5; --quick: 1)')
+    p.add_argument('--compare-timm', action='store_true',
+                   help="also time each --arch against timm's own forward_intermediates(x, "
+                        'indices=taps, intermediates_only=True) on the same trunk weights + the '
+                        'same adapter, interleaved in one process: ours/timm ratios for eval fwd '
+                        'fp32 and bf16 and the train step (fp32), peak memory of both, and the '
+                        'max relative error between their outputs')
+    p.add_argument('--checkpoint', help='with --config: evaluate this checkpoint on the '
+                                        "config's test set (ADE20k val, single-scale) and "
+                                        'report mIoU (mmengine Runner.test)')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
+                   help='override --config entries, e.g. test_dataloader.dataset.data_root=DIR')
+    p.add_argument('--timeout', type=float, default=None,
+                   help='give up on one measurement after this many seconds (default: none)')
+    p.add_argument('--out-dir', default='work_dirs/benchmark',
+                   help='where benchmark.md/.csv/.png go (default: work_dirs/benchmark)')
+    p.add_argument('--quick', action='store_true',
+                   help='tiny arch (nano_12_p16), tiny sizes, no warm-up, one repeat: a smoke '
+                        'test; explicit options still win')
+    args = p.parse_args(argv)
+    preset = QUICK if args.quick else DEFAULTS
+    if args.arch is None and args.config is None:
+        args.arch = preset['arch']
+    args.arch = args.arch or []
+    for key in ('sizes', 'warmup', 'repeats'):
+        if getattr(args, key) is None:
+            setattr(args, key, preset[key])
+    if args.checkpoint and not args.config:
+        p.error('--checkpoint needs --config (the model and test set it was trained for)')
+    if args.compare_timm and not args.arch:
+        p.error('--compare-timm compares backbones: give --arch')
+    if args.batch < 1 or args.repeats < 0 or args.warmup < 0:
+        p.error('--batch must be >= 1, --repeats and --warmup >= 0')
+    return args
+
+
+def command_line(args) -> str:
+    """The command that reproduces this run, with every setting spelled out."""
+    parts = ['python', 'tools/benchmark.py']
+    if args.arch:
+        parts += ['--arch', *args.arch]
+    if args.config:
+        parts += ['--config', args.config]
+    parts += ['--sizes', *args.sizes, '--batch', str(args.batch), '--dtypes', *args.dtypes,
+              '--passes', *args.passes, '--device', args.device, '--threads', str(args.threads),
+              '--warmup', str(args.warmup), '--repeats', str(args.repeats)]
+    if args.compare_timm:
+        parts.append('--compare-timm')
+    if args.checkpoint:
+        parts += ['--checkpoint', args.checkpoint]
+    if args.cfg_options:
+        parts += ['--cfg-options', *(f'{k}={v}' for k, v in args.cfg_options.items())]
+    if args.timeout:
+        parts += ['--timeout', str(args.timeout)]
+    parts += ['--out-dir', args.out_dir]
+    return shlex.join(parts)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+
+    from deepvit_mm import benchmark as bm
+    if args.device == 'auto':
+        args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if args.threads == 0:
+        args.threads = torch.get_num_threads()
+    sizes = [bm.parse_size(s) for s in args.sizes]
+    command = command_line(args)
+    print(f'reproduce with: {command}', flush=True)
+    env = bm.environment(args.device)
+
+    rows = []
+    for model in args.arch + ([args.config] if args.config else []):
+        for size in sizes:
+            for dtype in args.dtypes:
+                for mode in args.passes:
+                    case = bm.Case(model, size, args.batch, dtype, mode, args.device,
+                                   args.threads, args.warmup, args.repeats,
+                                   cfg_options=dict(args.cfg_options or {}))
+                    r = bm.measure_isolated(case, timeout=args.timeout)
+                    rows.append(r)
+                    print(f'  {case.label} {bm._size_str(size)} {dtype} {mode}: '
+                          + (f'failed: {r["error"]}' if r.get('error') else
+                             f'{bm._fmt(r["latency_ms"])} ms, {bm._fmt(r["peak_mem_mib"], 0)} MiB'),
+                          flush=True)
+    comparisons = []
+    if args.compare_timm:
+        for arch in args.arch:
+            for size in sizes:
+                c = bm.compare_with_timm(arch, size, args.batch, args.device, args.threads,
+                                         args.warmup, max(args.repeats, 1))
+                comparisons.append(c)
+                print(f'  {arch} {bm._size_str(size)} ours/timm: ' + ', '.join(
+                    f'{k} {c[k]["ratio"]:.3f}' for k in ('fwd_fp32', 'fwd_bf16', 'train_fp32'))
+                    + f'; max rel err {c["max_rel_err"]:.1e}', flush=True)
+    metrics = None
+    if args.checkpoint:
+        metrics = bm.evaluate_checkpoint(args.config, args.checkpoint,
+                                         os.path.join(args.out_dir, 'test'), args.cfg_options)
+    paths = bm.write_report(args.out_dir, rows, comparisons, metrics, command, env)
+    with open(paths['md']) as f:
+        print(f.read())
+    print('wrote ' + ', '.join(paths[k] for k in ('md', 'csv', 'compare_csv', 'png') if k in paths))
+    print(f'reproduce with: {command}')
+    if any(r.get('error') for r in rows):
+        sys.exit('some measurements failed (see the table)')
+
+
+if __name__ == '__main__':
+    main()

@@ -346,6 +346,44 @@ def test_windowed_cait_trains_in_mmdets_mask_rcnn():
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
+def test_cait_recipe_trains_in_mmsegs_upernet():
+    from mmengine.model.utils import revert_sync_batchnorm
+    from mmengine.registry import init_default_scope
+    from mmengine.structures import PixelData
+    from mmseg.registry import MODELS
+    from mmseg.structures import SegDataSample
+    from mmseg.utils import register_all_modules
+    register_all_modules()
+    init_default_scope('mmseg')
+    cfg = Config.fromfile(os.path.join(CONFIG_DIR, 'upernet_cait_xxs24_160k_ade20k.py'))
+    cfg.model.backbone.update(init_cfg=None, out_indices=EARLY)
+    cfg.model.decode_head.channels = 32
+    cfg.model.auxiliary_head.channels = 32
+    model = revert_sync_batchnorm(MODELS.build(cfg.model)).train()  # SyncBN: CPU here
+    inputs, samples = [], []
+    for h, w in ((64, 96), (64, 96)):
+        inputs.append(torch.randint(0, 255, (3, h, w), dtype=torch.uint8))
+        s = SegDataSample(gt_sem_seg=PixelData(data=torch.randint(0, 150, (1, h, w))))
+        s.set_metainfo(dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w)))
+        samples.append(s)
+    pre = model.data_preprocessor
+    pre.size, pre.size_divisor = None, 32  # pad this small batch to 64x96, not 512x512
+    data = pre(dict(inputs=inputs, data_samples=samples), True)
+    loss, log_vars = model.parse_losses(model(**data, mode='loss'))
+    assert torch.isfinite(loss) and {'decode.loss_ce', 'aux.loss_ce'} <= set(log_vars)
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all()
+               for p in model.backbone.parameters() if p.requires_grad)
+
+
+def test_frozen_stages_freeze_embeddings_and_blocks():
+    m = CaiT('xxs24', out_indices=EARLY, frozen_stages=2).train()
+    frozen = {n for n, p in m.named_parameters() if not p.requires_grad}
+    assert 'trunk.pos_embed' in frozen and 'trunk.patch_embed.proj.weight' in frozen
+    assert any(n.startswith('trunk.blocks.1.') for n in frozen)
+    assert not any(n.startswith(('trunk.blocks.2.', 'adapter.')) for n in frozen)
+
+
 # ------------------------------------------------------------------------------ weights
 @pytest.fixture(scope='module')
 def timm_xxs24_384():

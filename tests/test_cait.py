@@ -392,8 +392,8 @@ def timm_xxs24_384():
 
 
 def _build(path, arch='xxs24', **kwargs):
-    kwargs.setdefault('out_indices', EARLY)
     from mmdet.registry import MODELS
+    kwargs.setdefault('out_indices', EARLY)
     m = MODELS.build(dict(type='CaiT', arch=arch, **kwargs,
                           init_cfg=dict(type='Pretrained', checkpoint=str(path))))
     m.init_weights()
@@ -410,26 +410,60 @@ def _assert_taps_match(backbone, timm_model, res):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
-def test_official_release_takes_the_checkpoints_grid(tmp_path, timm_xxs24_384):
-    """An official 384 release (``{'model': ...}``) into a model built at 224: the embedding takes
-    the checkpoint's 24x24 grid (reported), and the taps equal timm's at 384."""
+def _official_file(tmp_path, timm_model) -> str:
+    """A timm model's weights in the official release layout (``{'model': ...}``, DDP prefix)."""
     path = tmp_path / 'XXS24_384.pth'
-    sd = {f'module.{k}': v.clone() for k, v in timm_xxs24_384.state_dict().items()}
+    sd = {f'module.{k}': v.clone() for k, v in timm_model.state_dict().items()}
     torch.save({'model': sd, 'epoch': 400, 'args': {'lr': 1e-3}}, path)
-    m = CaiT('xxs24', out_indices=EARLY, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    assert m.pos_embed_grid == (14, 14)
-    param = m.trunk.pos_embed
-    report = m.load_pretrained(str(path))
-    assert m.pos_embed_grid == (24, 24) and m.trunk.pos_embed is param  # same Parameter object
-    assert report.resized == [('trunk.pos_embed', (1, 196, 192), (1, 576, 192))]
+    return str(path)
+
+
+def test_official_release_at_its_own_grid(tmp_path, timm_xxs24_384):
+    """An official 384 release into a model built at 384: loaded as is, taps equal timm's."""
+    path = _official_file(tmp_path, timm_xxs24_384)
+    m = CaiT('cait_xxs24_384', out_indices=EARLY, init_cfg=dict(type='Pretrained', checkpoint=path))
+    report = m.load_pretrained(path)
+    assert report.resized == []
     _assert_taps_match(m.eval(), timm_xxs24_384, 384)
     dropped = set(report.dropped)
     assert {'trunk.head.weight', 'trunk.cls_token', 'trunk.norm.weight'} <= dropped
     assert any(k.startswith('trunk.blocks_token_only.') for k in dropped)
     assert report.left_at_init and all(k.startswith('adapter.') for k in report.left_at_init)
     text = report.format()
-    assert 'resized: trunk.pos_embed (1, 196, 192) -> (1, 576, 192)' in text
     assert 'dropped on purpose' in text and 'left at init' in text
+
+
+def test_official_release_resampled_into_another_grid(tmp_path, timm_xxs24_384):
+    """Into a model built at 224 the 24x24 embedding is resampled once, by timm's helper, and the
+    report says so; the parameter keeps its shape (DDP may already hold it)."""
+    path = _official_file(tmp_path, timm_xxs24_384)
+    m = CaiT('xxs24', out_indices=EARLY)
+    param = m.trunk.pos_embed
+    report = m.load_pretrained(path)
+    assert m.trunk.pos_embed is param and m.pos_embed_grid == (14, 14)
+    assert report.resized == [('trunk.pos_embed', (1, 576, 192), (1, 196, 192))]
+    assert 'resized: trunk.pos_embed (1, 576, 192) -> (1, 196, 192)' in report.format()
+    want = resample_abs_pos_embed(timm_xxs24_384.pos_embed, [14, 14], num_prefix_tokens=0)
+    torch.testing.assert_close(m.trunk.pos_embed.data, want, atol=0, rtol=0)
+
+
+def test_resampling_checkpoint_under_ddp_trains(tmp_path, timm_xxs24_384):
+    """mmengine wraps the model in DDP before init_weights: loading a checkpoint of another grid
+    must not change a parameter's shape under DDP's gradient hooks."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    path = _official_file(tmp_path, timm_xxs24_384)
+    m = CaiT('xxs24', out_indices=EARLY, drop_path_rate=0.0,
+             init_cfg=dict(type='Pretrained', checkpoint=path))
+    store = dist.HashStore()
+    dist.init_process_group('gloo', store=store, rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(m)
+        m.init_weights()
+        sum(o.pow(2).mean() for o in ddp(torch.randn(1, 3, 64, 96))).backward()
+        assert m.trunk.pos_embed.grad.shape == (1, 196, 192)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_timm_pth_and_safetensors(tmp_path):
@@ -444,9 +478,10 @@ def test_timm_pth_and_safetensors(tmp_path):
         _assert_taps_match(m, ref, 224)
 
 
-def test_detector_checkpoint_through_mmengine_keeps_the_grid(tmp_path, timm_xxs24_384):
-    """load_from / resume / tools/test.py read our detector checkpoints with mmengine's loader,
-    into a model built at 224: the embedding takes the saved 24x24 grid there too."""
+def test_detector_checkpoint_through_mmengine(tmp_path, timm_xxs24_384):
+    """load_from / resume / tools/test.py read our detector checkpoints with mmengine's loader:
+    at the same grid everything loads as saved; into another grid the embedding is resampled
+    (mmengine would otherwise skip the tensor with a size-mismatch warning)."""
     from mmengine.runner.checkpoint import load_checkpoint
     src = CaiT('cait_xxs24_384', out_indices=EARLY)
     kept = ('pos_embed', 'patch_embed', *(f'blocks.{i}.' for i in EARLY))
@@ -455,17 +490,19 @@ def test_detector_checkpoint_through_mmengine_keeps_the_grid(tmp_path, timm_xxs2
     path = tmp_path / 'detector.pth'
     torch.save({'state_dict': {f'backbone.{k}': v for k, v in src.state_dict().items()},
                 'meta': {}}, path)
-    detector = torch.nn.Module()
-    detector.backbone = CaiT('xxs24', out_indices=EARLY)
-    opt = torch.optim.AdamW(detector.parameters())  # built before loading, as mmengine does
-    load_checkpoint(detector, str(path), map_location='cpu', strict=True)
-    m = detector.backbone.eval()
-    assert m.pos_embed_grid == (24, 24)
-    assert any(p is m.trunk.pos_embed for g in opt.param_groups for p in g['params'])
-    for k, v in src.state_dict().items():
-        torch.testing.assert_close(m.state_dict()[k], v)
+    for arch, grid in (('cait_xxs24_384', 24), ('xxs24', 14)):
+        detector = torch.nn.Module()
+        detector.backbone = CaiT(arch, out_indices=EARLY)
+        load_checkpoint(detector, str(path), map_location='cpu', strict=True)
+        got = detector.backbone.state_dict()
+        assert detector.backbone.pos_embed_grid == (grid, grid)
+        for k, v in src.state_dict().items():
+            if k != 'trunk.pos_embed':
+                torch.testing.assert_close(got[k], v)
+        want = resample_abs_pos_embed(src.trunk.pos_embed, [grid, grid], num_prefix_tokens=0)
+        torch.testing.assert_close(got['trunk.pos_embed'], want, atol=0, rtol=0)
     # and our own loader (init_cfg) reads the same file
-    _assert_taps_match(_build(path), timm_xxs24_384, 384)
+    _assert_taps_match(_build(path, arch='cait_xxs24_384'), timm_xxs24_384, 384)
 
 
 def test_other_cait_size_refused(tmp_path):
@@ -502,7 +539,10 @@ def test_cait_recipes(size):
                 'train_dataloader.batch_size', 'train_dataloader.dataset.pipeline'):
         assert _get(det, key) == _get(xcit, key), key
     bb = det.model.backbone
-    assert (bb.type, bb.arch, bb.window_size) == ('CaiT', size, 14)
+    assert (bb.type, bb.arch, bb.window_size, bb.with_cp) == ('CaiT', size, 14, True)
+    # the checkpoint's resolution: its position embedding loads as trained
+    res = 384 if size == 'xs24' else 224
+    assert bb.img_size == res and bb.init_cfg.checkpoint.endswith(f'_{res}.pth')
     assert det.model.neck.in_channels == [dim] * 4
     keys = det.optim_wrapper.paramwise_cfg.custom_keys
     assert {k: v.decay_mult for k, v in keys.items()} == \
@@ -513,7 +553,7 @@ def test_cait_recipes(size):
     assert (opt.type, opt.lr, opt.weight_decay) == ('AdamW', 6e-5, 0.01)
     assert seg.train_dataloader.batch_size * 8 == 16 and seg.crop_size == (512, 512)
     assert seg.train_cfg.max_iters == 160000 and seg.model.pretrained is None
-    assert seg.model.backbone.arch == size
+    assert seg.model.backbone.arch == size and seg.model.backbone.img_size == res
     assert seg.model.decode_head.in_channels == [dim] * 4
     assert seg.model.auxiliary_head.in_channels == dim
 

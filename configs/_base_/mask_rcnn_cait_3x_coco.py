@@ -20,15 +20,18 @@ arch = 's24'  # see deepvit_mm.CaiT.arch_zoo
 embed_dim = 384  # XXS: 192, XS: 288, S: 384; every tap has embed_dim channels
 # ImageNet-1k weights, downloaded here beforehand (nothing is fetched at train time): the official
 # release (https://dl.fbaipublicfiles.com/deit/S24_224.pth, a dict under 'model') or timm's
-# (Hugging Face timm/cait_s24_224.fb_dist_in1k, .safetensors). 224 and 384 releases both work:
-# the position embedding keeps the checkpoint's grid and is resampled to each input's grid.
+# (Hugging Face timm/cait_s24_224.fb_dist_in1k, .safetensors). The learned position embedding is
+# built for `img_size` (a 14x14 grid at 224) and resampled to each input's grid; children using a
+# 384 release set img_size=384 so that its 24x24 embedding loads as trained.
 pretrained = 'checkpoints/S24_224.pth'
+img_size = 224
 
 model = dict(
     backbone=dict(
         _delete_=True,  # drop the XCiT arguments
         type='CaiT',
         arch=arch,
+        img_size=img_size,
         # drop path and LayerScale init default to the paper's Table 4 for `arch`
         window_size=14,  # global attention only in the tapped blocks (global_blocks=out_indices)
         with_cp=True,

@@ -16,8 +16,10 @@ custom_imports = dict(imports=['deepvit_mm'], allow_failed_imports=False)
 arch = 's24'  # see deepvit_mm.CaiT.arch_zoo
 embed_dim = 384  # XXS: 192, XS: 288, S: 384; every tap has embed_dim channels
 # ImageNet-1k weights downloaded beforehand: official (https://dl.fbaipublicfiles.com/deit/
-# S24_224.pth) or timm's (.safetensors); 224 and 384 releases both work.
+# S24_224.pth) or timm's (.safetensors). `img_size`: the checkpoint's resolution, so that its
+# position embedding loads as trained (it is resampled to each input's grid at run time).
 pretrained = 'checkpoints/S24_224.pth'
+img_size = 224
 
 model = dict(
     pretrained=None,  # the base's ResNet weights (open-mmlab://resnet50_v1c)
@@ -25,6 +27,7 @@ model = dict(
         _delete_=True,  # drop the ResNet arguments
         type='CaiT',
         arch=arch,
+        img_size=img_size,
         # drop path and LayerScale init: the paper's Table 4 for `arch`; taps at 1/3, 1/2, 2/3 and
         # the end of the trunk -> strides 4/8/16/32
         norm_cfg=dict(type='SyncBN', requires_grad=True),

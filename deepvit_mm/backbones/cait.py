@@ -14,16 +14,20 @@ What dense prediction adds to timm's model, and why it is written here:
   embedding, the position embedding resampled to the input's patch grid with timm's
   ``resample_abs_pos_embed``, bicubic, timm's blocks and ``checkpoint``), and equals timm's
   ``forward_intermediates`` at the model's own grid (tested to 1e-5).
-* **The checkpoint's grid.** ``pos_embed`` keeps the grid it was trained at: loading a checkpoint
-  whose embedding has another square grid (``cait_s24_384``: 24x24 into a model built at 14x14)
-  re-shapes the model's parameter to that grid (the report's ``resized`` line says so) instead of
-  resampling the weights twice (once at load, again per input). This also holds for mmengine's
-  ``load_from``/``--resume``/``tools/test.py``, which load through ``_load_from_state_dict``.
+* **The checkpoint's grid.** ``pos_embed`` has the grid the model is built for
+  (``img_size / 16``: 14x14 by default, 24x24 for ``cait_*_384`` or ``img_size=384``). A checkpoint
+  trained at another resolution is resampled to it once, at load (its grid is read from its
+  shape; the load report's ``resized`` line and a warning say so), on every loading path: ours
+  (``init_cfg``) and mmengine's (``load_from``, ``--resume``, ``tools/test.py``). Build the model at
+  the checkpoint's resolution to keep the embedding as trained. The parameter's shape never
+  changes after construction: mmengine wraps the model in DistributedDataParallel before it loads
+  the weights, and DDP's gradient hooks keep the shape they saw.
 * **Windowed attention** (ViTDet): with ``window_size > 0`` every block except ``global_blocks``
   (default: the tapped blocks) attends within windows (``GridTalkingHeadAttn``, timm's attention on
   window-partitioned tokens). Tokens travel through the blocks as a ``(B, H, W, C)`` grid so that
   the attention knows the layout; timm's LayerNorm, MLP, LayerScale and drop path work on it as is.
 """
+import logging
 import math
 import re
 from collections import OrderedDict
@@ -92,11 +96,11 @@ class CaiT(ColumnarBackbone):
         drop_path_rate (float, optional): Stochastic depth, uniform over blocks as in the paper.
             Default: Table 4's value for ``arch``.
         layer_scale_init (float, optional): LayerScale init eps. Default: Table 4's value.
-        img_size (int, optional): Resolution the position embedding is built for when no
-            checkpoint is loaded (its grid is ``img_size / 16``, square). Loading a checkpoint
-            takes the checkpoint's grid instead. Any input size works either way: the embedding
-            is resampled to each input's grid. Default: the resolution in a timm ``arch`` name,
-            else 224.
+        img_size (int, optional): Resolution the position embedding is built for (its grid is
+            ``img_size / 16``, square); set it to the checkpoint's resolution (384 for the ``_384``
+            releases) to keep the checkpoint's embedding as trained, otherwise it is resampled
+            at load. Inputs of any size work either way: the embedding is resampled to each
+            input's grid. Default: the resolution in a timm ``arch`` name, else 224.
         window_size (int): 0: global attention in every block (the classification model).
             ``k > 0``: blocks other than ``global_blocks`` attend within ``k x k`` windows of
             patches (ViTDet); 14 is the 224-pretraining grid. Default: 0.
@@ -224,43 +228,42 @@ class CaiT(ColumnarBackbone):
             self._pos_cache.move_to_end(grid)
         return out
 
-    def _adopt_pos_embed_grid(self, value: torch.Tensor) -> bool:
-        """Re-shape ``trunk.pos_embed`` to the square grid of a checkpoint's ``value``.
+    def _pos_embed_from_checkpoint(self, value: torch.Tensor) -> Optional[torch.Tensor]:
+        """A checkpoint's ``(1, n*n, embed_dim)`` embedding resampled to this model's grid.
 
-        The ``nn.Parameter`` object is kept (only its data changes), so an optimizer built before
-        the weights are loaded (mmengine builds it before ``init_weights`` and resume) still
-        updates it. Returns False (and changes nothing) when ``value`` already fits, or is not a
-        ``(1, n*n, embed_dim)`` embedding: the loader then reports the mismatch.
+        The checkpoint's grid is read from its shape (every CaiT release is square: 14x14 at 224,
+        24x24 at 384); resampling is timm's ``resample_abs_pos_embed`` (bicubic). Returns None
+        (the loader then reports the mismatch) for anything else.
         """
         pos = self.trunk.pos_embed
-        if value.shape == pos.shape or value.dim() != 3 or value.shape[0] != 1 \
-                or value.shape[2] != pos.shape[2]:
-            return False
+        if value.dim() != 3 or value.shape[0] != 1 or value.shape[2] != pos.shape[2]:
+            return None
         g = math.isqrt(value.shape[1])
         if g * g != value.shape[1]:
-            return False
-        old = self.pos_embed_grid
+            return None
+        new = self.pos_embed_grid
         with torch.no_grad():
-            pos.data = pos.data.new_zeros(value.shape)
-        self.trunk.patch_embed.set_input_size(img_size=(g * self.patch_size, g * self.patch_size))
-        print_log(f'CaiT({self.arch}): position embedding grid {old[0]}x{old[1]} -> the '
-                  f"checkpoint's {g}x{g}; resampled to each input's grid at run time.",
-                  logger='current')
-        return True
+            out = resample_abs_pos_embed(value, new_size=new, old_size=(g, g), num_prefix_tokens=0)
+        print_log(f"CaiT({self.arch}): the checkpoint's position embedding ({g}x{g} patches) was "
+                  f'resampled to the model\'s {new[0]}x{new[1]}; build the model with '
+                  f'img_size={g * self.patch_size} to keep it as trained.', logger='current',
+                  level=logging.WARNING)
+        return out
 
-    def _fit_to_state_dict(self, state_dict: Mapping[str, torch.Tensor]
-                           ) -> List[Tuple[str, tuple, tuple]]:
-        value = state_dict.get('trunk.pos_embed')
-        before = tuple(self.trunk.pos_embed.shape)
-        if value is None or not self._adopt_pos_embed_grid(value):
-            return []
-        return [('trunk.pos_embed', before, tuple(value.shape))]
+    def _resize_tensor(self, key: str, value: torch.Tensor,
+                       target: torch.Tensor) -> Optional[torch.Tensor]:
+        # our loader (init_cfg): reported in the load report's `resized` line
+        return self._pos_embed_from_checkpoint(value) if key == 'trunk.pos_embed' else None
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # every loading path (ours, torch's, mmengine's load_from/resume) passes here first
-        value = state_dict.get(prefix + 'trunk.pos_embed')
-        if value is not None:
-            self._adopt_pos_embed_grid(value)
+        # torch's and mmengine's loading (load_from, resume, tools/test.py) pass here before the
+        # trunk's own parameters are copied: resample there too instead of skipping the tensor
+        key = prefix + 'trunk.pos_embed'
+        value = state_dict.get(key)
+        if value is not None and value.shape != self.trunk.pos_embed.shape:
+            resampled = self._pos_embed_from_checkpoint(value)
+            if resampled is not None:
+                state_dict[key] = resampled
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ----------------------------------------------------------------- forward

@@ -328,13 +328,6 @@ class ColumnarBackbone(BaseModule):
                        target: torch.Tensor) -> Optional[torch.Tensor]:
         return None
 
-    def _fit_to_state_dict(self, state_dict: Mapping[str, torch.Tensor]
-                           ) -> List[Tuple[str, tuple, tuple]]:
-        """Reshape this module's own tensors whose shape legitimately follows the checkpoint
-        (CaiT: its position-embedding grid) before loading; returns ``(key, model shape before,
-        after)`` for the report's ``resized`` line."""
-        return []
-
     @classmethod
     def describe_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> str:
         for fam in ColumnarBackbone.families:
@@ -351,12 +344,10 @@ class ColumnarBackbone(BaseModule):
             sd = self.convert_state_dict(extract_state_dict(raw))
         except CheckpointError as e:
             raise CheckpointError(f'{path}: {e}') from None
-        refit = self._fit_to_state_dict(sd)
         report = load_backbone_weights(
             self, sd, source=f'{path!r} into {type(self).__name__}({self.arch})',
             drop=self._drop_patterns(), init_ok=self._init_ok_patterns(),
             resize=self._resize_tensor, describe=self.describe_state_dict)
-        report.resized[:0] = refit
         print_log(report.format(), logger='current')
         return report
 

@@ -25,6 +25,7 @@ from ..checkpoints import (
     read_checkpoint,
 )
 from ..pyramid import ColumnarPyramid
+from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 
 __all__ = ['ColumnarBackbone', 'ArchSpec']
 
@@ -61,7 +62,9 @@ class ColumnarBackbone(BaseModule):
             stay in eval mode. Default: -1.
         norm_eval (bool): Keep every BatchNorm of the backbone in eval mode while training.
             Default: False.
-        with_cp (bool): Gradient checkpointing of every block. Default: False.
+        with_cp (bool): Gradient checkpointing of every block (timm's own, which recomputes
+            each block in the backward pass; BatchNorm statistics are updated once per step, not
+            again by the recomputation). Default: False.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads a
             classification, timm, detector or segmentor checkpoint and logs a report.
         pretrained (str, optional): mmseg's older spelling of ``init_cfg``'s checkpoint (its
@@ -137,7 +140,7 @@ class ColumnarBackbone(BaseModule):
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         if with_cp:
-            self.trunk.set_grad_checkpointing(True)
+            enable_grad_checkpointing(self.trunk)
         self._freeze_stages()
 
     # ----------------------------------------------------------------- architecture table
@@ -218,7 +221,9 @@ class ColumnarBackbone(BaseModule):
         ph, pw = (-h) % self.pad_to, (-w) % self.pad_to
         if ph or pw:
             x = F.pad(x, (0, pw, 0, ph))
-        return self.adapter(self._forward_taps(x))
+        with full_recomputation(self.with_cp):
+            taps = self._forward_taps(x)
+        return self.adapter(taps)
 
     def _check_input(self, x: torch.Tensor) -> None:
         name = f'{type(self).__name__}({self.arch})'
@@ -246,9 +251,11 @@ class ColumnarBackbone(BaseModule):
         return mods + list(self.trunk.blocks[:self.frozen_stages])
 
     def _freeze_stages(self) -> None:
-        if self.frozen_stages > self._kept_blocks:
-            raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} exceeds '
-                             f'the {self._kept_blocks} blocks used.')
+        if not -1 <= self.frozen_stages <= self._kept_blocks:
+            raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} must be -1 '
+                             '(nothing frozen), 0 (patch embedding) or k in [1, '
+                             f'{self._kept_blocks}] (also the first k of the {self._kept_blocks} '
+                             'blocks used).')
         for m in self._frozen_modules():
             m.eval()
             for p in m.parameters():

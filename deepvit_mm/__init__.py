@@ -10,7 +10,9 @@ check_versions()
 
 from .backbones import CaiT, ColumnarBackbone, XCiT  # noqa: E402
 from .checkpoints import CheckpointError, install_mmengine_loader, read_checkpoint  # noqa: E402
+from .distributed import CPUDistributedDataParallel  # noqa: E402
 from .engine import CPUAmpOptimWrapper, RNGStateHook  # noqa: E402
+from .optim import ColumnarLayerDecayOptimizerConstructor  # noqa: E402
 from .pyramid import ColumnarPyramid  # noqa: E402
 
 install_mmengine_loader()
@@ -43,5 +45,6 @@ def _register_config_package() -> None:
 _register_config_package()
 
 __all__ = ['__version__', 'XCiT', 'CaiT', 'ColumnarBackbone', 'ColumnarPyramid', 'CheckpointError',
-           'CPUAmpOptimWrapper', 'RNGStateHook',
+           'CPUAmpOptimWrapper', 'CPUDistributedDataParallel', 'RNGStateHook',
+           'ColumnarLayerDecayOptimizerConstructor',
            'read_checkpoint']

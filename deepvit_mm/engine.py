@@ -13,6 +13,8 @@ from mmengine.logging import print_log
 from mmengine.optim import OptimWrapper
 from mmengine.registry import HOOKS, OPTIM_WRAPPERS
 
+from .cpu_autocast import run_mmcv_ops_in_float32
+
 __all__ = ['CPUAmpOptimWrapper', 'RNGStateHook', 'task_of', 'prepare_config',
            'enable_visualization']
 
@@ -65,7 +67,8 @@ def _as_tuple(x):
 @OPTIM_WRAPPERS.register_module()
 class CPUAmpOptimWrapper(OptimWrapper):
     """bfloat16 autocast on CPU (mmengine's ``AmpOptimWrapper`` requires a GPU). bfloat16 has
-    float32's exponent range, so no loss scaling is needed.
+    float32's exponent range, so no loss scaling is needed. mmcv's compiled ops, whose CPU
+    kernels take float32 only, run in float32 inside it (``deepvit_mm.cpu_autocast``).
 
     Args:
         dtype (str): Autocast dtype. Default: ``'bfloat16'``.
@@ -75,11 +78,23 @@ class CPUAmpOptimWrapper(OptimWrapper):
     def __init__(self, dtype: str = 'bfloat16', **kwargs) -> None:
         super().__init__(**kwargs)
         self.cast_dtype = getattr(torch, dtype)
+        run_mmcv_ops_in_float32()
+        if self.cast_dtype == torch.bfloat16 and not _cpu_has_bfloat16():
+            print_log(f'--amp: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native '
+                      'bfloat16 (AVX512-BF16 or AMX): bfloat16 convolutions and matrix products '
+                      'are emulated and much slower than float32 here.', logger='current',
+                      level=30)
 
     @contextmanager
     def optim_context(self, model: nn.Module):
         with super().optim_context(model), torch.autocast('cpu', dtype=self.cast_dtype):
             yield
+
+
+def _cpu_has_bfloat16() -> bool:
+    # reason: torch.cpu exposes these checks only under private names (torch 2.x)
+    checks = ('_is_avx512_bf16_supported', '_is_amx_tile_supported')
+    return any(getattr(torch.cpu, c, lambda: False)() for c in checks)
 
 
 def task_of(cfg: Config) -> str:

@@ -9,6 +9,7 @@ from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
+from deepvit_mm.distributed import setup_cpu_distributed  # noqa: E402
 from deepvit_mm.engine import enable_visualization, prepare_config  # noqa: E402
 
 
@@ -37,6 +38,7 @@ def main():
         sys.exit(f'checkpoint not found: {args.checkpoint!r}')
     cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
                          launcher=args.launcher, load_from=args.checkpoint)
+    setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     if args.show or args.show_dir:
         enable_visualization(cfg, args.show_dir, args.show, args.wait_time)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)

@@ -9,6 +9,7 @@ from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
+from deepvit_mm.distributed import setup_cpu_distributed  # noqa: E402
 from deepvit_mm.engine import prepare_config  # noqa: E402
 
 
@@ -35,6 +36,7 @@ def main():
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
     cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
                          launcher=args.launcher, amp=args.amp, resume=args.resume)
+    setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()
 

@@ -25,6 +25,7 @@ from ..checkpoints import (
     read_checkpoint,
 )
 from ..pyramid import ColumnarPyramid
+from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 
 __all__ = ['ColumnarBackbone', 'ArchSpec']
 
@@ -61,7 +62,9 @@ class ColumnarBackbone(BaseModule):
             stay in eval mode. Default: -1.
         norm_eval (bool): Keep every BatchNorm of the backbone in eval mode while training.
             Default: False.
-        with_cp (bool): Gradient checkpointing of every block. Default: False.
+        with_cp (bool): Gradient checkpointing of every block (timm's own, which recomputes
+            each block in the backward pass; BatchNorm statistics are updated once per step, not
+            again by the recomputation). Default: False.
         pad_input (bool): Zero-pad the input at the bottom/right to a multiple of the largest
             output stride, so that every level is exactly ``H/s``. False feeds it as it is, as
             the official XCiT detection/segmentation code did (its ADE20k evaluation ran on
@@ -145,7 +148,7 @@ class ColumnarBackbone(BaseModule):
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         if with_cp:
-            self.trunk.set_grad_checkpointing(True)
+            enable_grad_checkpointing(self.trunk)
         self._freeze_stages()
         # detector/segmentor checkpoints of the official code load through load_state_dict too
         self.register_load_state_dict_pre_hook(_convert_foreign_backbone_keys)
@@ -229,7 +232,9 @@ class ColumnarBackbone(BaseModule):
         ph, pw = (-h) % self.pad_to, (-w) % self.pad_to
         if self.pad_input and (ph or pw):
             x = F.pad(x, (0, pw, 0, ph))
-        return self.adapter(self._forward_taps(x))
+        with full_recomputation(self.with_cp):
+            taps = self._forward_taps(x)
+        return self.adapter(taps)
 
     def _check_input(self, x: torch.Tensor) -> None:
         name = f'{type(self).__name__}({self.arch})'
@@ -263,9 +268,11 @@ class ColumnarBackbone(BaseModule):
         return mods + list(self.trunk.blocks[:self.frozen_stages])
 
     def _freeze_stages(self) -> None:
-        if self.frozen_stages > self._kept_blocks:
-            raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} exceeds '
-                             f'the {self._kept_blocks} blocks used.')
+        if not -1 <= self.frozen_stages <= self._kept_blocks:
+            raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} must be -1 '
+                             '(nothing frozen), 0 (patch embedding) or k in [1, '
+                             f'{self._kept_blocks}] (also the first k of the {self._kept_blocks} '
+                             'blocks used).')
         for m in self._frozen_modules():
             m.eval()
             for p in m.parameters():

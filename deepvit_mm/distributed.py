@@ -1,0 +1,87 @@
+"""Distributed training on CPU processes (gloo) through mmengine's Runner.
+
+mmengine 0.10.7 starts distributed runs for GPUs only: its ``init_dist`` calls
+``torch.cuda.set_device`` before ``init_process_group`` and its ``Runner.wrap_model`` hands
+``device_ids=[LOCAL_RANK]`` to ``DistributedDataParallel``, which DDP refuses for a CPU module; the
+recipes' ``env_cfg.dist_cfg`` asks for NCCL. On a machine without CUDA, ``setup_cpu_distributed``
+(called by ``tools/train.py`` and ``tools/test.py``) starts the process group itself with gloo
+(mmengine then skips its own start) and selects ``CPUDistributedDataParallel``, mmengine's DDP
+wrapper without device ids. GPU runs are left entirely to mmengine.
+
+SyncBN: in a distributed GPU run mmengine keeps the ``SyncBN`` layers a config builds (it reverts
+them to BN only in single-process runs). PyTorch's SyncBatchNorm has no CPU implementation, so on
+CPU ``CPUDistributedDataParallel`` reverts them to BN, as a single-process run does, and says so:
+each process then normalises with the statistics of its own batch.
+"""
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from mmengine.config import Config
+from mmengine.logging import print_log
+from mmengine.model import MMDistributedDataParallel, revert_sync_batchnorm
+from mmengine.registry import MODEL_WRAPPERS
+
+__all__ = ['CPUDistributedDataParallel', 'setup_cpu_distributed']
+
+
+@MODEL_WRAPPERS.register_module()
+class CPUDistributedDataParallel(MMDistributedDataParallel):
+    """``MMDistributedDataParallel`` for a model on CPU (gloo).
+
+    Args:
+        module (nn.Module): The model, on CPU.
+        device_ids (list[int], optional): Ignored: mmengine's Runner passes ``[LOCAL_RANK]``, a
+            GPU index, which DDP refuses for a CPU module.
+        kwargs: ``DistributedDataParallel`` arguments.
+    """
+
+    def __init__(self, module: torch.nn.Module, device_ids=None, **kwargs) -> None:
+        if any(isinstance(m, torch.nn.SyncBatchNorm) or 'SyncBatchNorm' in type(m).__name__
+               for m in module.modules()):
+            print_log('SyncBN has no CPU implementation: reverted to BN, each process '
+                      'normalises with its own batch statistics.', logger='current', level=30)
+            module = revert_sync_batchnorm(module)
+        super().__init__(module=module, device_ids=None, **kwargs)
+
+
+def setup_cpu_distributed(cfg: Config) -> None:
+    """Prepare a distributed run on CPU processes; nothing to do for GPUs or a single process.
+
+    Sets ``env_cfg.dist_cfg.backend='gloo'`` and ``model_wrapper_cfg`` (type
+    ``CPUDistributedDataParallel``, mmengine's DDP defaults: no buffer broadcast,
+    ``find_unused_parameters`` from the config) and starts the gloo process group from the
+    environment torchrun sets (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
+
+    Args:
+        cfg (Config): A config prepared by ``deepvit_mm.engine.prepare_config`` (``launcher``
+            set); modified in place.
+    """
+    launcher = cfg.get('launcher', 'none')
+    if launcher == 'none' or torch.cuda.is_available():
+        return
+    if launcher != 'pytorch':
+        raise RuntimeError(
+            f'--launcher {launcher} on a machine without CUDA: mmengine starts {launcher} runs '
+            'for GPUs only. Launch CPU processes with torchrun: tools/dist_train.sh CONFIG NPROC.')
+    env_cfg = cfg.setdefault('env_cfg', {})
+    dist_cfg = dict(env_cfg.get('dist_cfg') or {})
+    if dist_cfg.get('backend', 'nccl') != 'gloo':
+        print_log(f'no CUDA: distributed backend {dist_cfg.get("backend", "nccl")!r} -> gloo',
+                  logger='current')
+        dist_cfg['backend'] = 'gloo'
+    env_cfg['dist_cfg'] = dist_cfg
+    wrapper = dict(cfg.get('model_wrapper_cfg') or {})
+    if wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
+        wrapper['type'] = 'CPUDistributedDataParallel'
+    wrapper.setdefault('broadcast_buffers', False)
+    wrapper.setdefault('find_unused_parameters', cfg.get('find_unused_parameters', False))
+    cfg.model_wrapper_cfg = wrapper
+    if not dist.is_initialized():
+        if 'RANK' not in os.environ:
+            raise RuntimeError('--launcher pytorch needs the environment torchrun sets (RANK, '
+                               'WORLD_SIZE, ...): start with tools/dist_train.sh CONFIG NPROC.')
+        timeout = dist_cfg.get('timeout')
+        kwargs = dict(timeout=datetime.timedelta(seconds=timeout)) if timeout else {}
+        dist.init_process_group(backend='gloo', **kwargs)

@@ -1,0 +1,34 @@
+"""Hook for test_distributed.py (imported by the training processes, not collected by pytest):
+every rank saves the weights it starts and ends with and the images it trained on."""
+import os.path as osp
+
+import torch
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
+
+
+@HOOKS.register_module()
+class RankDumpHook(Hook):
+    priority = 'LOWEST'
+
+    def __init__(self) -> None:
+        self.images, self.initial = [], None
+
+    def _params(self, runner):
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def before_train(self, runner) -> None:
+        self.initial = self._params(runner)
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        self.images += [s.img_path for s in data_batch['data_samples']]
+
+    def after_train(self, runner) -> None:
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        torch.save(dict(initial=self.initial, final=self._params(runner), images=self.images,
+                        wrapper=type(runner.model).__name__,
+                        norms=sorted({type(m).__name__ for m in model.modules()
+                                      if 'Norm' in type(m).__name__})),
+                   osp.join(runner.work_dir, f'rank{runner.rank}.pth'))

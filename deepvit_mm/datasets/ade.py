@@ -10,8 +10,10 @@ into 255 and ignores it) and 1..150 are ADE20k's classes, of which the scenes us
 (3) region above a wavy horizon, painted with the shapes generator's smooth gradient, a ``floor``
 (4) region below it, tiled with a rotated checkerboard, and 1 to 4 things drawn with the shapes
 generator (``deepvit_mm.datasets.shapes``): circle -> ``ball`` (120), square -> ``box`` (42),
-triangle -> ``tent`` (115), each of a colour that stands out from what it covers. 0 to 2 thin
-strokes of clutter are left unlabelled (0), as ADE20k leaves objects outside its 150 classes.
+triangle -> ``tent`` (115). Like real classes, things have a typical colour besides their shape
+(balls red to orange, boxes blue, tents green: a hue band per class, random saturation and
+brightness), picked to stand out from what they cover. 0 to 2 thin strokes of clutter, of any
+colour, are left unlabelled (0), as ADE20k leaves objects outside its 150 classes.
 
 Images are ``size`` pixels high and ``size`` to ``11/8 * size`` wide (non-square and mostly not a
 multiple of 32, as ADE20k's are not). Deterministic for a seed; no torch import here.
@@ -24,7 +26,7 @@ from typing import Dict, Sequence, Tuple
 import cv2
 import numpy as np
 
-from .shapes import SHAPE_CLASSES, DatasetError, _background, _contrasting_colour, _shape_mask
+from .shapes import _MIN_CONTRAST, SHAPE_CLASSES, DatasetError, _background, _shape_mask
 
 __all__ = ['ADE_DEMO_CLASSES', 'ADE_DEMO_LABELS', 'make_ade_demo', 'check_ade_dataset']
 
@@ -33,6 +35,7 @@ __all__ = ['ADE_DEMO_CLASSES', 'ADE_DEMO_LABELS', 'make_ade_demo', 'check_ade_da
 ADE_DEMO_LABELS: Dict[str, int] = {'sky': 3, 'floor': 4, 'box': 42, 'tent': 115, 'ball': 120}
 ADE_DEMO_CLASSES: Tuple[str, ...] = tuple(ADE_DEMO_LABELS)
 _THING_OF_SHAPE = {'circle': 'ball', 'square': 'box', 'triangle': 'tent'}
+_HUE_BAND = {'ball': (0, 30), 'box': (200, 240), 'tent': (90, 140)}  # degrees
 SPLITS = ('training', 'validation')
 _REGEN = 'python tools/make_ade_demo_data.py {root} --overwrite'
 
@@ -56,6 +59,18 @@ def _horizon(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return np.arange(h)[:, None] < line[None, :]
 
 
+def _thing_colour(rng: np.random.Generator, thing: str, under: np.ndarray) -> np.ndarray:
+    """An RGB colour in the thing's hue band, at least ``_MIN_CONTRAST`` from ``under``."""
+    colour = under
+    for _ in range(50):
+        hsv = np.array([[[rng.uniform(*_HUE_BAND[thing]) / 2, rng.uniform(128, 255),
+                          rng.uniform(110, 255)]]], np.float32)  # OpenCV: hue in [0, 180)
+        colour = cv2.cvtColor(hsv.astype(np.uint8), cv2.COLOR_HSV2RGB)[0, 0].astype(np.float64)
+        if np.linalg.norm(colour - under) >= _MIN_CONTRAST:
+            break
+    return colour
+
+
 def _thing_mask(rng: np.random.Generator, cls: int, h: int, w: int) -> np.ndarray:
     """A shape from the shapes generator, placed so that most of it lies inside ``h x w``."""
     mask = None
@@ -77,9 +92,10 @@ def _make_scene(rng: np.random.Generator, h: int, w: int) -> Tuple[np.ndarray, n
         mask = _thing_mask(rng, cls, h, w) > 0
         if not mask.any():
             continue
-        colour = _contrasting_colour(rng, img[mask].mean(0))
-        img[mask] = colour + rng.normal(0, 6, (int(mask.sum()), 3))
-        label[mask] = ADE_DEMO_LABELS[_THING_OF_SHAPE[SHAPE_CLASSES[cls]]]
+        thing = _THING_OF_SHAPE[SHAPE_CLASSES[cls]]
+        img[mask] = _thing_colour(rng, thing, img[mask].mean(0)) \
+            + rng.normal(0, 6, (int(mask.sum()), 3))
+        label[mask] = ADE_DEMO_LABELS[thing]
     for _ in range(int(rng.integers(0, 3))):  # unlabelled clutter
         stroke = np.zeros((h, w), np.uint8)
         p0 = (int(rng.integers(0, w)), int(rng.integers(0, h)))

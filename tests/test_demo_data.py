@@ -65,10 +65,13 @@ def test_existing_dataset_not_rewritten(shapes):
 
 def test_mmdet_coco_dataset_reads_it(shapes):
     from mmdet.datasets import CocoDataset
-    ds = CocoDataset(data_root=shapes, ann_file='annotations/instances_train.json',
-                     data_prefix=dict(img='train/'), metainfo=dict(classes=SHAPE_CLASSES),
-                     pipeline=[dict(type='LoadImageFromFile'),
-                               dict(type='LoadAnnotations', with_bbox=True, with_mask=True)])
+    from mmengine.registry import DefaultScope
+    # the transforms resolve in the current default scope; other tests may have left 'mmseg'
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        ds = CocoDataset(data_root=shapes, ann_file='annotations/instances_train.json',
+                         data_prefix=dict(img='train/'), metainfo=dict(classes=SHAPE_CLASSES),
+                         pipeline=[dict(type='LoadImageFromFile'),
+                                   dict(type='LoadAnnotations', with_bbox=True, with_mask=True)])
     assert len(ds) == 8
     sample = ds[0]
     assert sample['img'].shape == (128, 128, 3)

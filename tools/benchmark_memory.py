@@ -13,14 +13,23 @@ Every variant runs in a fresh Python process, so that its peak is its own:
   next to these passes; use ``--warmup 1`` to keep the timed pass unprofiled.
 * CUDA: ``torch.cuda.max_memory_allocated`` (tensor memory, without the caching allocator's slack).
 
-An address-space cap (``--mem-limit-gb``, ``RLIMIT_AS``, CPU only) turns a variant that does not fit
-into "out of memory" (torch's allocator fails cleanly) instead of swapping the machine or waking
-the OOM killer. Time is the wall time of forward + backward of ``sum(mean(out ** 2))`` over the
-pyramid outputs, after ``--warmup`` untimed passes, and the process's CPU time over the same pass
+An address-space cap (``--mem-limit-gb``, ``RLIMIT_AS``, CPU only) stops a variant that does not fit
+instead of swapping the machine or waking the OOM killer: torch's allocator raises "can't allocate
+memory" (reported as out of memory), or, when the allocation fails inside the profiler, the
+process dies (reported as "failed (exit -11)"). The address space also holds ~3 GiB of library
+mappings, so the cap must be that much above the expected peak RSS.
+
+Time is the wall time of forward + backward of ``sum(mean(out ** 2))`` over the pyramid outputs,
+after ``--warmup`` untimed passes, and the process's CPU time over the same pass
 (``time.process_time``; with ``--threads 1`` it is the compute time even on a machine shared with
 other jobs, where wall time mostly measures the wait); drop path is off so every pass does the
-same work. ``--out-indices`` taps earlier blocks, which prunes the trunk: a run at 4 and at 8 blocks
-measures what one more block costs when the full depth does not fit.
+same work.
+
+When the full depth does not fit, ``--out-indices`` (taps on earlier blocks prune the trunk) and
+``--global-blocks`` measure what one more global or windowed block costs: e.g. 4 blocks with 1 or
+2 of them global, and 8 blocks with 1 global, give the per-block costs of both kinds, from which
+the full model's peak and time follow (memory and time are linear in the number of blocks of each
+kind; check the fit on one more pruned run).
 
     python tools/benchmark_memory.py --arch s24 --size 800 1344
 """

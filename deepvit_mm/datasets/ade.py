@@ -8,9 +8,11 @@ The layout is ``ADEChallengeData2016``'s, which mmseg's ``ADE20KDataset`` reads:
 Labels use ADE20k's ids: 0 is "other" (unlabelled; with ``reduce_zero_label=True`` mmseg turns it
 into 255 and ignores it) and 1..150 are ADE20k's classes, of which the scenes use five: a ``sky``
 (3) region above a wavy horizon, painted with the shapes generator's smooth gradient, a ``floor``
-(4) region below it, tiled with a rotated checkerboard, and 1 to 4 things drawn with the shapes
+(4) region below it, tiled with a rotated checkerboard, and 2 to 5 things drawn with the shapes
 generator (``deepvit_mm.datasets.shapes``): circle -> ``ball`` (120), square -> ``box`` (42),
-triangle -> ``tent`` (115). Like real classes, things have a typical colour besides their shape
+triangle -> ``tent`` (115), drawn with probabilities that give each about the same area (a
+triangle covers 0.41 of the circle its size gives). Like real classes, things have a typical
+colour besides their shape
 (balls red to orange, boxes blue, tents green: a hue band per class, random saturation and
 brightness), picked to stand out from what they cover. 0 to 2 thin strokes of clutter, of any
 colour, are left unlabelled (0), as ADE20k leaves objects outside its 150 classes.
@@ -36,6 +38,10 @@ ADE_DEMO_LABELS: Dict[str, int] = {'sky': 3, 'floor': 4, 'box': 42, 'tent': 115,
 ADE_DEMO_CLASSES: Tuple[str, ...] = tuple(ADE_DEMO_LABELS)
 _THING_OF_SHAPE = {'circle': 'ball', 'square': 'box', 'triangle': 'tent'}
 _HUE_BAND = {'ball': (0, 30), 'box': (200, 240), 'tent': (90, 140)}  # degrees
+# a shape of size s fills pi/4 s^2 (circle), s^2/2 (square), 3 sqrt(3)/16 s^2 (triangle)
+_AREA = np.array([{'circle': np.pi / 4, 'square': 0.5, 'triangle': 3 * np.sqrt(3) / 16}[c]
+                  for c in SHAPE_CLASSES])
+_SHAPE_P = (1 / _AREA) / (1 / _AREA).sum()
 SPLITS = ('training', 'validation')
 _REGEN = 'python tools/make_ade_demo_data.py {root} --overwrite'
 
@@ -87,8 +93,8 @@ def _make_scene(rng: np.random.Generator, h: int, w: int) -> Tuple[np.ndarray, n
     sky = _horizon(rng, h, w)
     img = np.where(sky[..., None], _background(rng, max(h, w))[:h, :w], _floor(rng, h, w))
     label = np.where(sky, ADE_DEMO_LABELS['sky'], ADE_DEMO_LABELS['floor']).astype(np.uint8)
-    for _ in range(int(rng.integers(1, 5))):
-        cls = int(rng.integers(0, len(SHAPE_CLASSES)))
+    for _ in range(int(rng.integers(2, 6))):
+        cls = int(rng.choice(len(SHAPE_CLASSES), p=_SHAPE_P))
         mask = _thing_mask(rng, cls, h, w) > 0
         if not mask.any():
             continue

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 from deepvit_mm import XCiT
-from deepvit_mm.backbones.xcit_fast import xca_from_gram
+from deepvit_mm.backbones.xcit_fast import xca_block_inference, xca_from_gram
 
 
 def _randomize(m: nn.Module) -> nn.Module:
@@ -39,6 +39,33 @@ def test_eval_outputs_equal_timm(arch, hw):
         got, want = fast.eval()(x), ref.eval()(x)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * w.abs().max().item())
+
+
+@pytest.mark.parametrize('qkv_bias', [True, False])
+@pytest.mark.parametrize('chunk', [7, 64, 4096])  # ragged last chunk, several chunks, one chunk
+def test_chunked_inference_block_equals_timm_block(chunk, qkv_bias):
+    import timm
+    m = _randomize(timm.create_model('xcit_nano_12_p16_224', num_classes=0)).eval()
+    blk = m.blocks[2]
+    if not qkv_bias:
+        blk.attn.qkv.bias = None
+    H, W = 6, 9
+    x = torch.randn(2, H * W, 128) * 2 + 0.3
+    with torch.no_grad():
+        torch.testing.assert_close(xca_block_inference(blk, x, H, W, chunk=chunk), blk(x, H, W),
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_eval_with_autograd_uses_the_differentiable_path():
+    # eval mode with gradients on (e.g. fine-tuning with norm_eval / frozen stages): the chunked
+    # inference path must not be taken, the input gets a gradient equal to timm's
+    fast, ref = _pair('nano_12_p16')
+    grads = []
+    for m in (fast.eval(), ref.eval()):
+        x = torch.randn(1, 3, 48, 64, generator=torch.Generator().manual_seed(3), requires_grad=True)
+        sum(o.pow(2).mean() for o in m(x)).backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-3, atol=1e-6)
 
 
 @pytest.mark.parametrize('with_cp', [False, True])
@@ -94,3 +121,14 @@ def test_non_linear_qkv_falls_back_to_timm_attention():
     with torch.no_grad():
         for g, w in zip(fast.eval()(x), ref.eval()(x)):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_keep_freed_cpu_memory_applies_on_glibc():
+    import sys
+
+    from deepvit_mm.engine import keep_freed_cpu_memory
+    applied = keep_freed_cpu_memory()
+    if sys.platform.startswith('linux') and 'glibc' in ' '.join(__import__('platform').libc_ver()):
+        assert applied
+    x = torch.randn(1, 64, 64, 64)  # allocations still work afterwards
+    assert torch.isfinite(torch.nn.functional.conv2d(x, torch.randn(64, 1, 3, 3), groups=64)).all()

@@ -10,7 +10,7 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from deepvit_mm.distributed import setup_cpu_distributed  # noqa: E402
-from deepvit_mm.engine import enable_visualization, prepare_config  # noqa: E402
+from deepvit_mm.engine import enable_visualization, keep_freed_cpu_memory, prepare_config  # noqa: E402
 
 
 def parse_args():
@@ -33,7 +33,11 @@ def parse_args():
 
 def main():
     args = parse_args()
+    import torch
+
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
+    if not torch.cuda.is_available():
+        keep_freed_cpu_memory()  # large feature maps reuse freed pages (see its docstring)
     if not os.path.isfile(args.checkpoint):
         sys.exit(f'checkpoint not found: {args.checkpoint!r}')
     cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,

@@ -10,7 +10,7 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from deepvit_mm.distributed import setup_cpu_distributed  # noqa: E402
-from deepvit_mm.engine import prepare_config  # noqa: E402
+from deepvit_mm.engine import keep_freed_cpu_memory, prepare_config  # noqa: E402
 
 
 def parse_args():
@@ -33,7 +33,11 @@ def parse_args():
 
 def main():
     args = parse_args()
+    import torch
+
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
+    if not torch.cuda.is_available():
+        keep_freed_cpu_memory()  # large feature maps reuse freed pages (see its docstring)
     cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
                          launcher=args.launcher, amp=args.amp, resume=args.resume)
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own

@@ -45,7 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ['Case', 'parse_size', 'measure', 'measure_isolated', 'TimmBaseline',
-           'compare_with_timm', 'evaluate_checkpoint', 'write_report', 'environment']
+           'compare_with_timm', 'COMPARE_MODES', 'evaluate_checkpoint', 'write_report', 'environment']
 
 PASSES = ('fwd', 'train')
 DTYPES = ('fp32', 'bf16')
@@ -429,19 +429,27 @@ def _max_rel_err(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
                for x, y in zip(a, b))
 
 
+COMPARE_MODES = (('fwd', 'fp32'), ('fwd', 'bf16'), ('train', 'fp32'))
+
+
 def compare_with_timm(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu',
                       threads: int = 0, warmup: int = 1, repeats: int = 3,
-                      memory: bool = True) -> dict:
+                      memory: bool = True,
+                      modes: Sequence[Tuple[str, str]] = COMPARE_MODES) -> dict:
     """Our backbone against timm's ``forward_intermediates`` + the same adapter.
 
     Both get the same trunk weights and input; timing interleaves the two call by call (alternating
     which goes first) so that both see the same machine load. Memory (when ``memory``) is measured
     per implementation in fresh processes, as in ``measure_isolated``.
 
+    ``modes`` are the ``(pass, dtype)`` pairs timed (default: inference in fp32 and bf16, the
+    training step in fp32).
+
     Returns:
-        dict: ``max_rel_err`` (fp32 eval outputs, see ``_max_rel_err``), ``bf16_max_rel_err``,
-        and for each of ``fwd_fp32``, ``fwd_bf16``, ``train_fp32``: ``{'ours_ms', 'timm_ms',
-        'ratio'}`` (medians; ratio = ours / timm) plus ``ours_mem_mib``/``timm_mem_mib``.
+        dict: ``max_rel_err`` (fp32 eval outputs, see ``_max_rel_err``), ``bf16_max_rel_err``
+        (when a bf16 mode is timed), and for each mode, keyed ``{pass}_{dtype}``:
+        ``{'ours_ms', 'timm_ms', 'ratio'}`` (medians; ratio = ours / timm) plus
+        ``ours_mem_mib``/``timm_mem_mib``.
     """
     if threads > 0:
         torch.set_num_threads(threads)
@@ -460,8 +468,9 @@ def compare_with_timm(arch: str, size: Tuple[int, int], batch: int = 1, device: 
     base.eval()
     with torch.no_grad():
         out['max_rel_err'] = _max_rel_err(ours(x), base(x))
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-            out['bf16_max_rel_err'] = _max_rel_err(ours(x), base(x))
+        if any(dtype == 'bf16' for _, dtype in modes):
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+                out['bf16_max_rel_err'] = _max_rel_err(ours(x), base(x))
 
     def runner(model, mode, dtype):
         amp = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) \
@@ -480,7 +489,7 @@ def compare_with_timm(arch: str, size: Tuple[int, int], batch: int = 1, device: 
                 model.zero_grad(set_to_none=True)
         return run
 
-    for mode, dtype in (('fwd', 'fp32'), ('fwd', 'bf16'), ('train', 'fp32')):
+    for mode, dtype in modes:
         runs = dict(ours=runner(ours, mode, dtype), timm=runner(base, mode, dtype))
         for r in runs.values():
             _time_calls(r, device, warmup)
@@ -589,12 +598,16 @@ def _markdown(rows: List[dict], comparisons: List[dict], metrics: Optional[dict]
             cells = []
             mems = []
             for key in ('fwd_fp32', 'fwd_bf16', 'train_fp32'):
-                v = c[key]
+                v = c.get(key)
+                if v is None:  # not timed in this run
+                    cells += ['–', '–']
+                    mems.append('–')
+                    continue
                 cells += [f'{_fmt(v["ours_ms"])} / {_fmt(v["timm_ms"])}', f'{v["ratio"]:.3f}']
                 mems.append(f'{_fmt(v.get("ours_mem_mib"), 0)} / {_fmt(v.get("timm_mem_mib"), 0)}')
+            bf16_err = f'{c["bf16_max_rel_err"]:.2e}' if 'bf16_max_rel_err' in c else '–'
             lines.append(f'| {c["label"]} | {_size_str(c["size"])} | ' + ' | '.join(cells)
-                         + f' | {"; ".join(mems)} | {c["max_rel_err"]:.2e} '
-                         f'({c["bf16_max_rel_err"]:.2e}) |')
+                         + f' | {"; ".join(mems)} | {c["max_rel_err"]:.2e} ({bf16_err}) |')
         lines += ['', 'ratio = ours / timm (median latencies, interleaved in one process); '
                   'max rel err = max over levels of max|ours - timm| / max|timm|.', '']
     if metrics:
@@ -660,11 +673,13 @@ def write_report(out_dir: str, rows: List[dict], comparisons: List[dict],
             w.writerow(['label', 'size', 'batch', 'pass', 'ours_ms', 'timm_ms', 'ratio',
                         'ours_mem_mib', 'timm_mem_mib', 'max_rel_err_fp32', 'max_rel_err_bf16'])
             for c in comparisons:
-                for key in ('fwd_fp32', 'fwd_bf16', 'train_fp32'):
-                    v = c[key]
-                    w.writerow([c['label'], _size_str(c['size']), c['batch'], key, v['ours_ms'],
-                                v['timm_ms'], v['ratio'], v.get('ours_mem_mib'),
-                                v.get('timm_mem_mib'), c['max_rel_err'], c['bf16_max_rel_err']])
+                for key in ('fwd_fp32', 'fwd_bf16', 'train_fp32', 'train_bf16'):
+                    v = c.get(key)
+                    if v is not None:
+                        w.writerow([c['label'], _size_str(c['size']), c['batch'], key,
+                                    v['ours_ms'], v['timm_ms'], v['ratio'], v.get('ours_mem_mib'),
+                                    v.get('timm_mem_mib'), c['max_rel_err'],
+                                    c.get('bf16_max_rel_err')])
     if metrics:
         paths['metrics'] = paths['md']
     return paths

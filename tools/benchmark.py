@@ -64,8 +64,8 @@ def parse_args(argv=None):
                    help="also time each --arch against timm's own forward_intermediates(x, "
                         'indices=taps, intermediates_only=True) on the same trunk weights + the '
                         'same adapter, interleaved in one process: ours/timm ratios for eval fwd '
-                        'fp32 and bf16 and the train step (fp32), peak memory of both, and the '
-                        'max relative error between their outputs')
+                        'in each of --dtypes and the train step (fp32) when --passes has train, '
+                        'peak memory of both, and the max relative error between their outputs')
     p.add_argument('--checkpoint', help='with --config: evaluate this checkpoint on the '
                                         "config's test set (ADE20k val, single-scale) and "
                                         'report mIoU (mmengine Runner.test)')
@@ -146,14 +146,16 @@ def main(argv=None):
                              f'{bm._fmt(r["latency_ms"])} ms, {bm._fmt(r["peak_mem_mib"], 0)} MiB'),
                           flush=True)
     comparisons = []
-    if args.compare_timm:
+    # the comparison times what --passes / --dtypes ask for (the training step in fp32 only)
+    modes = [(m, d) for m in args.passes for d in args.dtypes if m == 'fwd' or d == 'fp32']
+    if args.compare_timm and modes:
         for arch in args.arch:
             for size in sizes:
                 c = bm.compare_with_timm(arch, size, args.batch, args.device, args.threads,
-                                         args.warmup, max(args.repeats, 1))
+                                         args.warmup, max(args.repeats, 1), modes=modes)
                 comparisons.append(c)
                 print(f'  {arch} {bm._size_str(size)} ours/timm: ' + ', '.join(
-                    f'{k} {c[k]["ratio"]:.3f}' for k in ('fwd_fp32', 'fwd_bf16', 'train_fp32'))
+                    f'{m}_{d} {c[f"{m}_{d}"]["ratio"]:.3f}' for m, d in modes)
                     + f'; max rel err {c["max_rel_err"]:.1e}', flush=True)
     metrics = None
     if args.checkpoint:

@@ -432,6 +432,11 @@ def _max_rel_err(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
 COMPARE_MODES = (('fwd', 'fp32'), ('fwd', 'bf16'), ('train', 'fp32'))
 
 
+def _compare_keys() -> List[str]:
+    """The result keys of ``compare_with_timm``, one per mode it can time."""
+    return [f'{mode}_{dtype}' for mode, dtype in COMPARE_MODES]
+
+
 def compare_with_timm(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu',
                       threads: int = 0, warmup: int = 1, repeats: int = 3,
                       memory: bool = True,
@@ -597,7 +602,7 @@ def _markdown(rows: List[dict], comparisons: List[dict], metrics: Optional[dict]
         for c in comparisons:
             cells = []
             mems = []
-            for key in ('fwd_fp32', 'fwd_bf16', 'train_fp32'):
+            for key in _compare_keys():
                 v = c.get(key)
                 if v is None:  # not timed in this run
                     cells += ['–', '–']
@@ -673,7 +678,7 @@ def write_report(out_dir: str, rows: List[dict], comparisons: List[dict],
             w.writerow(['label', 'size', 'batch', 'pass', 'ours_ms', 'timm_ms', 'ratio',
                         'ours_mem_mib', 'timm_mem_mib', 'max_rel_err_fp32', 'max_rel_err_bf16'])
             for c in comparisons:
-                for key in ('fwd_fp32', 'fwd_bf16', 'train_fp32', 'train_bf16'):
+                for key in _compare_keys():
                     v = c.get(key)
                     if v is not None:
                         w.writerow([c['label'], _size_str(c['size']), c['batch'], key,

@@ -147,7 +147,7 @@ def main(argv=None):
                           flush=True)
     comparisons = []
     # the comparison times what --passes / --dtypes ask for (the training step in fp32 only)
-    modes = [(m, d) for m in args.passes for d in args.dtypes if m == 'fwd' or d == 'fp32']
+    modes = [(m, d) for m, d in bm.COMPARE_MODES if m in args.passes and d in args.dtypes]
     if args.compare_timm and modes:
         for arch in args.arch:
             for size in sizes:

@@ -36,7 +36,7 @@ import resource
 import statistics
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -71,7 +71,8 @@ class Case:
         repeats (int): Timed calls; 0 measures memory only. Default: 3.
         impl (str): ``ours`` (our backbone or the config's model) or ``timm`` (timm's
             ``forward_intermediates`` + our adapter, for an arch). Default: ``ours``.
-        cfg_options (dict): Config overrides for a config model. Default: {}.
+        cfg_options (dict): Config overrides for a config model; for an arch, ``XCiT``
+            keyword arguments (e.g. ``fast_forward=True``). Default: {}.
     """
     model: str
     size: Tuple[int, int]
@@ -159,9 +160,9 @@ class TimmBaseline(nn.Module):
         return self.adapter(feats)
 
 
-def _build_backbone(arch: str) -> nn.Module:
+def _build_backbone(arch: str, **kwargs) -> nn.Module:
     from .backbones import XCiT
-    return XCiT(arch)
+    return XCiT(arch, **kwargs)
 
 
 def _build_config_model(path: str, cfg_options: dict) -> Tuple[nn.Module, str]:
@@ -230,7 +231,7 @@ def _prepare(case: Case) -> Tuple[nn.Module, Callable[[], None]]:
     if is_config(case.model):
         model, task = _build_config_model(case.model, case.cfg_options)
     else:
-        model, task = _build_backbone(case.model), None
+        model, task = _build_backbone(case.model, **case.cfg_options), None
         if case.impl == 'timm':
             model = TimmBaseline(model)
     device = torch.device(case.device)
@@ -429,7 +430,18 @@ def _max_rel_err(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
                for x, y in zip(a, b))
 
 
-COMPARE_MODES = (('fwd', 'fp32'), ('fwd', 'bf16'), ('train', 'fp32'))
+COMPARE_MODES = (('fwd', 'fp32'), ('fwd', 'bf16'), ('train', 'fp32'), ('train', 'bf16'))
+
+
+@contextmanager
+def _no_tf32():
+    """Full float32 precision for CUDA convs and matmuls inside the block."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def _compare_keys() -> List[str]:
@@ -440,15 +452,17 @@ def _compare_keys() -> List[str]:
 def compare_with_timm(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu',
                       threads: int = 0, warmup: int = 1, repeats: int = 3,
                       memory: bool = True,
-                      modes: Sequence[Tuple[str, str]] = COMPARE_MODES) -> dict:
+                      modes: Sequence[Tuple[str, str]] = COMPARE_MODES,
+                      backbone_kwargs: Optional[dict] = None) -> dict:
     """Our backbone against timm's ``forward_intermediates`` + the same adapter.
 
     Both get the same trunk weights and input; timing interleaves the two call by call (alternating
     which goes first) so that both see the same machine load. Memory (when ``memory``) is measured
     per implementation in fresh processes, as in ``measure_isolated``.
 
-    ``modes`` are the ``(pass, dtype)`` pairs timed (default: inference in fp32 and bf16, the
-    training step in fp32).
+    ``modes`` are the ``(pass, dtype)`` pairs timed (default: inference and the training step,
+    each in fp32 and bf16). ``backbone_kwargs`` go to ``XCiT`` (e.g. ``fast_forward=True`` to
+    time the fast forward where ``'auto'`` would not take it).
 
     Returns:
         dict: ``max_rel_err`` (fp32 eval outputs, see ``_max_rel_err``), ``bf16_max_rel_err``
@@ -459,7 +473,8 @@ def compare_with_timm(arch: str, size: Tuple[int, int], batch: int = 1, device: 
     if threads > 0:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    ours = _build_backbone(arch)
+    backbone_kwargs = dict(backbone_kwargs or {})
+    ours = _build_backbone(arch, **backbone_kwargs)
     for m in ours.modules():  # non-trivial BN statistics, so that the check covers them
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.running_mean.uniform_(-0.2, 0.2)
@@ -468,10 +483,13 @@ def compare_with_timm(arch: str, size: Tuple[int, int], batch: int = 1, device: 
     ours = ours.to(device)
     x = torch.randn(batch, 3, *size, device=device)
     out = dict(model=arch, label=arch, size=tuple(size), batch=batch, device=device,
-               threads=torch.get_num_threads(), warmup=warmup, repeats=repeats)
+               threads=torch.get_num_threads(), warmup=warmup, repeats=repeats,
+               fast_forward=ours.fast_forward)
     ours.eval()
     base.eval()
-    with torch.no_grad():
+    # the check is of the math: TF32 convs/matmuls (cuDNN's default on recent GPUs) would turn
+    # float32 rounding differences into ~1e-4 TF32 rounding flips in the adapter's convs
+    with torch.no_grad(), _no_tf32():
         out['max_rel_err'] = _max_rel_err(ours(x), base(x))
         if any(dtype == 'bf16' for _, dtype in modes):
             with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
@@ -507,7 +525,8 @@ def compare_with_timm(arch: str, size: Tuple[int, int], batch: int = 1, device: 
         if memory:
             for impl in ('ours', 'timm'):
                 m = measure_isolated(Case(arch, size, batch, dtype, mode, device, threads,
-                                          warmup=0, repeats=0, impl=impl))
+                                          warmup=0, repeats=0, impl=impl,
+                                          cfg_options=backbone_kwargs))
                 res[f'{impl}_mem_mib'] = m.get('peak_mem_mib')
         out[f'{mode}_{dtype}'] = res
     return out
@@ -594,11 +613,12 @@ def _markdown(rows: List[dict], comparisons: List[dict], metrics: Optional[dict]
                   'memory: ' + '; '.join(methods) + ' (growth over the built model and its '
                   'input).', '']
     if comparisons:
+        names = [k.replace('_', ' ') for k in _compare_keys()]
         lines += ['## Ours vs timm (`forward_intermediates` + the same adapter, same weights)', '',
-                  '| model | input | fwd fp32 ours / timm ms | ratio | fwd bf16 ours / timm ms | '
-                  'ratio | train fp32 ours / timm ms | ratio | peak mem ours / timm MiB '
-                  '(fwd fp32, fwd bf16, train fp32) | max rel err fp32 (bf16) |',
-                  '|---|---|---|---|---|---|---|---|---|---|']
+                  '| model | input | batch | '
+                  + ''.join(f'{n} ours / timm ms | ratio | ' for n in names)
+                  + f'peak mem ours / timm MiB ({", ".join(names)}) | max rel err fp32 (bf16) |',
+                  '|---|---|---|' + '---|---|' * len(names) + '---|---|']
         for c in comparisons:
             cells = []
             mems = []
@@ -611,7 +631,8 @@ def _markdown(rows: List[dict], comparisons: List[dict], metrics: Optional[dict]
                 cells += [f'{_fmt(v["ours_ms"])} / {_fmt(v["timm_ms"])}', f'{v["ratio"]:.3f}']
                 mems.append(f'{_fmt(v.get("ours_mem_mib"), 0)} / {_fmt(v.get("timm_mem_mib"), 0)}')
             bf16_err = f'{c["bf16_max_rel_err"]:.2e}' if 'bf16_max_rel_err' in c else '–'
-            lines.append(f'| {c["label"]} | {_size_str(c["size"])} | ' + ' | '.join(cells)
+            lines.append(f'| {c["label"]} | {_size_str(c["size"])} | {c["batch"]} | '
+                         + ' | '.join(cells)
                          + f' | {"; ".join(mems)} | {c["max_rel_err"]:.2e} ({bf16_err}) |')
         lines += ['', 'ratio = ours / timm (median latencies, interleaved in one process); '
                   'max rel err = max over levels of max|ours - timm| / max|timm|.', '']

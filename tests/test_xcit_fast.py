@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 from deepvit_mm import XCiT
+import deepvit_mm.backbones.xcit_fast as xcit_fast
 from deepvit_mm.backbones.xcit_fast import xca_block_inference, xca_from_gram
 
 
@@ -24,7 +25,8 @@ def _randomize(m: nn.Module) -> nn.Module:
 
 
 def _pair(arch, **kw):
-    fast = _randomize(XCiT(arch, **kw))
+    # the tests' inputs are small, where 'auto' would pick timm's forward: force the fast one
+    fast = _randomize(XCiT(arch, fast_forward=True, **kw))
     ref = copy.deepcopy(fast)
     ref.fast_forward = False
     return fast, ref
@@ -42,7 +44,7 @@ def test_eval_outputs_equal_timm(arch, hw):
 
 
 @pytest.mark.parametrize('qkv_bias', [True, False])
-@pytest.mark.parametrize('chunk', [7, 64, 4096])  # ragged last chunk, several chunks, one chunk
+@pytest.mark.parametrize('chunk', [7, 64, 4096, None])  # ragged last, several, one, batched
 def test_chunked_inference_block_equals_timm_block(chunk, qkv_bias):
     import timm
     m = _randomize(timm.create_model('xcit_nano_12_p16_224', num_classes=0)).eval()
@@ -132,3 +134,41 @@ def test_keep_freed_cpu_memory_applies_on_glibc():
         assert applied
     x = torch.randn(1, 64, 64, 64)  # allocations still work afterwards
     assert torch.isfinite(torch.nn.functional.conv2d(x, torch.randn(64, 1, 3, 3), groups=64)).all()
+
+
+def test_auto_rule_cpu_threshold():
+    C = 128
+    assert not xcit_fast.fast_path_helps(torch.empty(4, 2 * C - 1, C))
+    assert xcit_fast.fast_path_helps(torch.empty(1, 2 * C, C))
+
+
+@pytest.mark.parametrize('hw, fast_expected', [((64, 64), False), ((256, 256), True)])
+def test_auto_takes_the_fast_path_only_where_it_helps(monkeypatch, hw, fast_expected):
+    # nano (C = 128) at /16: 16 tokens (timm's forward) or 256 = 2 C tokens (the Gram forward)
+    calls = []
+    real = xcit_fast.xca_block_inference
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(xcit_fast, 'xca_block_inference', spy)
+    auto = _randomize(XCiT('nano_12_p16'))
+    assert auto.fast_forward == 'auto'
+    ref = copy.deepcopy(auto)
+    ref.fast_forward = False
+    x = torch.randn(1, 3, *hw)
+    with torch.no_grad():
+        got, want = auto.eval()(x), ref.eval()(x)
+    assert len(calls) == (12 if fast_expected else 0)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * w.abs().max().item())
+
+
+def test_fast_forward_switch_validates_and_restores_timm():
+    m = XCiT('nano_12_p16')
+    with pytest.raises(ValueError, match="'auto', True or False"):
+        m.fast_forward = 'fast'
+    m.fast_forward = False
+    assert all('forward' not in blk.__dict__ for blk in m.trunk.blocks)
+    m.fast_forward = True
+    assert all(blk.forward.__func__ is xcit_fast.xca_block_forward for blk in m.trunk.blocks)

@@ -64,13 +64,14 @@ def parse_args(argv=None):
                    help="also time each --arch against timm's own forward_intermediates(x, "
                         'indices=taps, intermediates_only=True) on the same trunk weights + the '
                         'same adapter, interleaved in one process: ours/timm ratios for eval fwd '
-                        'in each of --dtypes and the train step (fp32) when --passes has train, '
+                        'and the train step in each of --dtypes (as --passes asks), '
                         'peak memory of both, and the max relative error between their outputs')
     p.add_argument('--checkpoint', help='with --config: evaluate this checkpoint on the '
                                         "config's test set (ADE20k val, single-scale) and "
                                         'report mIoU (mmengine Runner.test)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
-                   help='override --config entries, e.g. test_dataloader.dataset.data_root=DIR')
+                   help='override --config entries, e.g. test_dataloader.dataset.data_root=DIR; '
+                        'with --arch: XCiT arguments, e.g. fast_forward=True')
     p.add_argument('--timeout', type=float, default=None,
                    help='give up on one measurement after this many seconds (default: none)')
     p.add_argument('--out-dir', default='work_dirs/benchmark',
@@ -146,13 +147,14 @@ def main(argv=None):
                              f'{bm._fmt(r["latency_ms"])} ms, {bm._fmt(r["peak_mem_mib"], 0)} MiB'),
                           flush=True)
     comparisons = []
-    # the comparison times what --passes / --dtypes ask for (the training step in fp32 only)
+    # the comparison times what --passes / --dtypes ask for
     modes = [(m, d) for m, d in bm.COMPARE_MODES if m in args.passes and d in args.dtypes]
     if args.compare_timm and modes:
         for arch in args.arch:
             for size in sizes:
                 c = bm.compare_with_timm(arch, size, args.batch, args.device, args.threads,
-                                         args.warmup, max(args.repeats, 1), modes=modes)
+                                         args.warmup, max(args.repeats, 1), modes=modes,
+                                         backbone_kwargs=dict(args.cfg_options or {}))
                 comparisons.append(c)
                 print(f'  {arch} {bm._size_str(size)} ours/timm: ' + ', '.join(
                     f'{m}_{d} {c[f"{m}_{d}"]["ratio"]:.3f}' for m, d in modes)

@@ -10,7 +10,7 @@ The Q/K/V embedding of XCA is an option (``qkv_cfg``): timm's linear layer by de
 non-linear SNE, P-SNE and F-SNE embeddings of "Non-linear Q, K, V embeddings" (``deepvit_mm.qkv``).
 """
 import types
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Union
 
 import timm
 import torch
@@ -20,7 +20,7 @@ from timm.models.xcit import checkpoint_filter_fn
 from ..qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
 from ..registry import register_model
 from .columnar import ArchSpec, ColumnarBackbone, count_blocks
-from .xcit_fast import xca_block_forward
+from .xcit_fast import xca_block_forward, xca_block_forward_auto
 
 __all__ = ['XCiT']
 
@@ -66,11 +66,14 @@ class XCiT(ColumnarBackbone):
             F-SNE's parameter-matched width). See ``deepvit_mm.qkv``. Loading a linear checkpoint
             into a non-linear embedding loads everything else and reports the Q/K/V layers (and
             F-SNE's codes) as left at init. Default: None (linear).
-        fast_forward (bool): Run the blocks through ``xcit_fast`` (cross-covariance attention
-            from the Gram matrix, contiguous LPI convs, fused LayerScale residuals): the same
-            parameters and the same result as timm's ``forward_intermediates`` (to float
-            rounding), with less memory traffic. ``False`` runs timm's own forward.
-            Default: True.
+        fast_forward (bool | str): Run the blocks through ``xcit_fast`` (cross-covariance
+            attention from the Gram matrix, contiguous LPI convs, fused LayerScale residuals,
+            folded inference): the same parameters and the same result as timm's
+            ``forward_intermediates`` (to float rounding), with less work on large inputs and
+            more on small ones. ``'auto'``: per forward, only where it is measured to be faster
+            (``xcit_fast.fast_path_helps``: on CPUs from 2 C tokens per image, on CUDA from a
+            batch's B N C^2 of 1e9 in fp32 and 4e9 in bf16/fp16); ``True``: always; ``False``:
+            timm's own forward. Default: ``'auto'``.
         norm_cfg (dict): Norm of the conv parts (patch embedding, LPI, adapter).
             Default: ``dict(type='BN', requires_grad=True)``.
         frozen_stages (int): See ``ColumnarBackbone``. Default: -1.
@@ -84,7 +87,7 @@ class XCiT(ColumnarBackbone):
                    r'(?:_(?:224|384))?(?:_dist)?'
 
     def __init__(self, arch: str = 'small_12_p16', *, layer_scale_init: Optional[float] = None,
-                 qkv_cfg: Optional[dict] = None, fast_forward: bool = True,
+                 qkv_cfg: Optional[dict] = None, fast_forward: Union[bool, str] = 'auto',
                  **kwargs) -> None:
         self._layer_scale_init = layer_scale_init
         self.qkv_cfg = normalize_qkv_cfg(qkv_cfg)
@@ -117,21 +120,24 @@ class XCiT(ColumnarBackbone):
         return pats
 
     @property
-    def fast_forward(self) -> bool:
-        """Whether the blocks run ``xcit_fast.xca_block_forward`` (see the class docstring)."""
+    def fast_forward(self) -> Union[bool, str]:
+        """``'auto'``, True or False: how the blocks run (see the class docstring)."""
         return self._fast_forward
 
     @fast_forward.setter
-    def fast_forward(self, on: bool) -> None:
+    def fast_forward(self, mode: Union[bool, str]) -> None:
         # The faster forward is installed on each block instance, so timm's own
         # forward_intermediates (its gradient checkpointing included) and forward hooks on the
         # blocks work unchanged; removing it restores timm's XCABlock.forward.
-        self._fast_forward = bool(on)
+        if mode not in (True, False, 'auto'):
+            raise ValueError(f"XCiT: fast_forward must be 'auto', True or False, got {mode!r}")
+        self._fast_forward = mode if mode == 'auto' else bool(mode)
+        fwd = {True: xca_block_forward, 'auto': xca_block_forward_auto}.get(self._fast_forward)
         for blk in self.trunk.blocks:
-            if on:
-                blk.forward = types.MethodType(xca_block_forward, blk)
-            else:
+            if fwd is None:
                 blk.__dict__.pop('forward', None)
+            else:
+                blk.forward = types.MethodType(fwd, blk)
 
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
         return self.trunk.forward_intermediates(

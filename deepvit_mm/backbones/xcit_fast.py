@@ -18,12 +18,16 @@ parameters but rewrites three parts, each exactly equal in real arithmetic:
   channels-last *view* of the tokens, for which oneDNN's depthwise kernel is several times slower
   on CPU than on a contiguous NCHW tensor (measured here: 1.1 ms vs 8-18 ms for 384x50x84).
 * **LayerScale residuals in one pass** (``torch.addcmul``) when no drop path is active.
-* **Inference in token chunks** (eval mode, no autograd: ``xca_block_inference``): the per-token
-  work runs on chunks of tokens that stay in cache, with LayerScale folded into the attention map
-  and ``fc2``, and the LPI convs on the channels-last view of the tokens.
+* **Inference** (eval mode, no autograd: ``xca_block_inference``): LayerScale folded into the
+  attention map and ``fc2``, residual adds done by the GEMMs, the LPI convs on the channels-last
+  view of the tokens; on CPUs the per-token work runs on chunks of tokens that stay in cache.
 
 Everything else (LayerNorms, the MLP, dropouts, drop path) is timm's own module. A block whose
 ``qkv`` is not an ``nn.Linear`` (e.g. a non-linear Q/K/V embedding) falls back to timm's XCA.
+
+Folding the attention costs O(C^3) per image whatever the number of tokens N, and on a GPU the
+extra kernels cost host time: on small inputs timm's forward is faster. ``xca_block_forward_auto``
+(the backbone's default) takes this path only where ``fast_path_helps`` says it is faster.
 """
 from typing import Optional, Tuple
 
@@ -31,7 +35,7 @@ import torch
 import torch.nn as nn
 
 __all__ = ['fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward', 'xca_block_inference',
-           'has_linear_qkv']
+           'xca_block_forward_auto', 'fast_path_helps', 'has_linear_qkv', 'default_chunk']
 
 
 def has_linear_qkv(attn: nn.Module) -> bool:
@@ -58,6 +62,11 @@ def fold_xca(attn: nn.Module, gram: torch.Tensor, tok_sum: Optional[torch.Tensor
              gamma: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """timm's ``XCA`` (times LayerScale ``gamma``) as one linear map per image, from ``y^T y``.
 
+    A ``qkv`` bias is handled by augmenting the tokens with a constant 1: ``q = [y, 1] [Wq, bq]^T``
+    and the Gram matrix of ``[y, 1]`` is ``[[G, s], [s^T, n]]``, so the biased case is the same
+    bias-free algebra one column wider (and about 20 tensor ops per block, few enough that the
+    per-op overhead stays small on GPUs and on small inputs).
+
     Args:
         attn (nn.Module): A timm ``XCA`` with a linear ``qkv``.
         gram (Tensor): ``y^T y`` of the image's tokens ``y``, ``(B, C, C)``.
@@ -68,45 +77,41 @@ def fold_xca(attn: nn.Module, gram: torch.Tensor, tok_sum: Optional[torch.Tensor
 
     Returns:
         tuple: ``(weight, bias)`` of shapes ``(B, C_out, C_in)`` and ``(B, C_out)`` in float32,
-        such that ``gamma * attn(y) = y @ weight^T + bias`` (dropout aside).
+        such that ``gamma * attn(y) = y @ weight^T + bias`` (dropout aside). ``weight`` may be a
+        strided view.
     """
     B, C = gram.shape[0], gram.shape[-1]
     h = attn.num_heads
     d = C // h
     # the C x C algebra is cheap: run it in float32 even under autocast
     with torch.autocast(gram.device.type, enabled=False):
-        gram = gram.float()
-        wq, wk, wv = (_heads(w, h).float() for w in attn.qkv.weight.chunk(3))  # (h, d, C)
-        g_wk = torch.einsum('bij,hej->bhie', gram, wk)            # G Wk^T per head (B, h, C, d)
-        g_wq = torch.einsum('bij,hej->bhie', gram, wq)
-        qk = torch.einsum('hdi,bhie->bhde', wq, g_wk)             # Wq G Wk^T (B, h, d, d)
-        qq = torch.einsum('hdi,bhid->bhd', wq, g_wq)              # |q_c|^2 without bias
-        kk = torch.einsum('hdi,bhid->bhd', wk, g_wk)
-        bias = attn.qkv.bias
-        if bias is not None:
-            bq, bk, bv = (b.float().view(h, d) for b in bias.chunk(3))
-            s = tok_sum.float()
-            sq = torch.einsum('hdi,bi->bhd', wq, s)               # Wq s
-            sk = torch.einsum('hdi,bi->bhd', wk, s)
-            qk = (qk + sq.unsqueeze(-1) * bk.unsqueeze(-2) + bq.unsqueeze(-1) * sk.unsqueeze(-2)
-                  + n * (bq.unsqueeze(-1) * bk.unsqueeze(-2)))
-            qq = qq + 2 * sq * bq + n * bq * bq
-            kk = kk + 2 * sk * bk + n * bk * bk
-        # F.normalize's eps: each norm is clamped at 1e-12
-        nq = qq.clamp_min(0).sqrt().clamp_min(1e-12)
-        nk = kk.clamp_min(0).sqrt().clamp_min(1e-12)
-        a = qk / (nq.unsqueeze(-1) * nk.unsqueeze(-2)) * attn.temperature.float()
-        a = attn.attn_drop(a.softmax(dim=-1))                     # (B, h, d, d)
-        # proj(blockdiag(A) v): fold A, Wv and Wp into one (C x C) map per image
+        g = gram.float()
+        w = attn.qkv.weight.float()                               # (3C, C)
+        has_bias = attn.qkv.bias is not None
+        if has_bias:
+            s = tok_sum.float().unsqueeze(1)                      # (B, 1, C)
+            g = torch.cat([torch.cat([g, s], 1),
+                           torch.cat([s.transpose(1, 2), s.new_full((B, 1, 1), float(n))], 1)],
+                          2)                                      # (B, C+1, C+1)
+            w = torch.cat([w, attn.qkv.bias.float().unsqueeze(1)], 1)  # (3C, C+1)
+        wqk = w[:2 * C]
+        gw = g @ wqk.t()                                          # [G Wq^T | G Wk^T] (B, C', 2C)
+        # squared l2 norms of q's and k's channels over the tokens, then F.normalize's clamp
+        inv = (gw.transpose(1, 2) * wqk).sum(-1).clamp_min(1e-24).rsqrt()  # (B, 2C)
+        qk = torch.einsum('hdi,bihe->bhde', wqk[:C].view(h, d, -1),
+                          gw[..., C:].view(B, -1, h, d))          # Wq G Wk^T per head
+        scale = inv[:, :C].view(B, h, d, 1) * inv[:, C:].view(B, h, 1, d)
+        a = attn.attn_drop((qk * scale * attn.temperature.float()).softmax(dim=-1))
+        # proj(blockdiag(A) v): fold A, Wv (and bv) and Wp into one map per image
         wp = attn.proj.weight.float()
-        pb = attn.proj.bias.float() if attn.proj.bias is not None else gram.new_zeros(C)
+        pb = attn.proj.bias.float() if attn.proj.bias is not None else g.new_zeros(C)
         if gamma is not None:
             wp = wp * gamma.float().unsqueeze(1)
             pb = pb * gamma.float()
-        weight = wp @ torch.einsum('bhde,hei->bhdi', a, wv).reshape(B, C, C)
-        out_bias = pb.expand(B, C)
-        if bias is not None:
-            out_bias = out_bias + torch.einsum('bhde,he->bhd', a, bv).reshape(B, C) @ wp.t()
+        av = torch.einsum('bhde,hei->bhdi', a, w[2 * C:].view(h, d, -1)).reshape(B, C, -1)
+        fused = wp @ av                                           # (B, C, C') = [W | W_p A b_v]
+        weight = fused[..., :C]
+        out_bias = fused[..., C] + pb if has_bias else pb.expand(B, C)
     return weight, out_bias
 
 
@@ -142,6 +147,40 @@ def _residual(x: torch.Tensor, gamma: torch.Tensor, y: torch.Tensor,
     return x + drop_path(gamma * y)
 
 
+# When the Gram forward is expected to beat timm's (the 'auto' setting), measured with XCiT-N12 to
+# M24 at 64x64 to 1024x1024, batch 1 to 8 (README, "Speed"):
+# * CPU (2 cores): folding the attention costs ~6 C^3 multiply-adds per image and block whatever
+#   the input, saving ~4 N C^2: a loss under N ~ C tokens, break-even near 1.5-3 C, a gain above.
+CPU_MIN_TOKENS_PER_CHANNEL = 2
+# * CUDA (H100): the Gram forward does less GPU work but launches more kernels; until the batch's
+#   work (B N C^2) keeps the GPU busier than the host is, it is host-bound and slower. bf16/fp16
+#   work runs ~4x faster, so it takes ~4x more of it to hide the same host time.
+CUDA_MIN_WORK_FP32 = 1e9
+CUDA_MIN_WORK_LOW_PRECISION = 4e9
+
+
+def fast_path_helps(x: torch.Tensor) -> bool:
+    """The 'auto' rule: whether ``xca_block_forward`` is expected to be faster than timm's
+    ``XCABlock.forward`` on tokens ``x`` ``(B, N, C)`` (the thresholds above; devices other than
+    CPU and CUDA: False, not measured)."""
+    B, N, C = x.shape
+    dev = x.device.type
+    if dev == 'cpu':
+        return N >= CPU_MIN_TOKENS_PER_CHANNEL * C
+    if dev == 'cuda':
+        low = x.dtype in (torch.float16, torch.bfloat16) or (
+            torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) != torch.float32)
+        return B * N * C * C >= (CUDA_MIN_WORK_LOW_PRECISION if low else CUDA_MIN_WORK_FP32)
+    return False
+
+
+def xca_block_forward_auto(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    """``xca_block_forward`` where ``fast_path_helps(x)``, timm's ``XCABlock.forward`` elsewhere."""
+    if fast_path_helps(x):
+        return xca_block_forward(blk, x, H, W)
+    return type(blk).forward(blk, x, H, W)
+
+
 def xca_block_forward(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> torch.Tensor:
     """timm's ``XCABlock.forward(x, H, W)`` through the faster parts above.
 
@@ -167,51 +206,79 @@ def xca_block_forward(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> torch.
 
 
 # --------------------------------------------------------------------------------------------
-# inference (no autograd): the same block in token chunks that stay in cache
+# inference (no autograd): LayerScale folded, residuals accumulated by the GEMMs
 # --------------------------------------------------------------------------------------------
 def _add_linear_(out: torch.Tensor, res: torch.Tensor, y: torch.Tensor, weight_t: torch.Tensor,
                  bias: torch.Tensor) -> None:
-    """``out = res + y @ weight_t + bias``, written into ``out`` (which may alias ``res``)."""
+    """``out = res + y @ weight_t + bias`` (2-D, or batched 3-D), written into ``out`` (which may
+    alias ``res``)."""
     if y.dtype == out.dtype:  # one elementwise pass, then the GEMM accumulates in place
         torch.add(res, bias, out=out)
-        out.addmm_(y, weight_t)
+        if out.dim() == 2:
+            out.addmm_(y, weight_t)
+        else:
+            out.baddbmm_(y, weight_t)
     else:  # autocast: the GEMM in its dtype, the residual stream in its own
-        torch.add(res, torch.addmm(bias, y, weight_t), out=out)
+        mm = torch.addmm if out.dim() == 2 else torch.baddbmm
+        torch.add(res, mm(bias, y, weight_t), out=out)
+
+
+def default_chunk(device: torch.device) -> Optional[int]:
+    """Tokens per step of ``xca_block_inference`` on ``device``: 1,024 on CPUs (a chunk's
+    intermediates stay in cache), None (every token of every image at once) elsewhere, where
+    fewer and larger kernels win."""
+    return 1024 if device.type == 'cpu' else None
 
 
 def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
-                        chunk: int = 1024) -> torch.Tensor:
-    """``XCABlock.forward(x, H, W)`` for inference (eval mode, no autograd), token-chunked.
+                        chunk: Optional[int] = -1) -> torch.Tensor:
+    """``XCABlock.forward(x, H, W)`` for inference (eval mode, no autograd).
 
-    Every per-token step (LayerNorms, the folded attention map, the MLP and its GELU, the
-    LayerScale residuals) runs on ``chunk`` tokens at a time, so the MLP's ``4C``-wide hidden
-    layer and the other intermediates stay in cache instead of making round trips to memory;
     LayerScale is folded into the attention's (C x C) map and into ``fc2``, and each residual add
-    is the GEMM's own accumulation. Under autocast the GEMMs run in the autocast dtype and the
-    residual stream keeps ``x``'s dtype, as in timm. Only valid without autograd and with
-    dropouts / drop path inactive.
+    is the GEMM's own accumulation. With ``chunk`` set, every per-token step (LayerNorms, the
+    folded attention map, the MLP and its GELU, the LayerScale residuals) runs one image and
+    ``chunk`` tokens at a time, so the MLP's ``4C``-wide hidden layer and the other
+    intermediates stay in cache instead of making round trips to memory (what suits a CPU); with
+    ``chunk=None`` each step runs once over the whole batch (what suits a GPU). Under autocast
+    the GEMMs run in the autocast dtype and the residual stream keeps ``x``'s dtype, as in timm.
+    Only valid without autograd and with dropouts / drop path inactive.
+
+    Args:
+        chunk (int, optional): Tokens per step, None for all; default (-1): ``default_chunk``.
     """
     B, N, C = x.shape
     attn, mlp, lpi = blk.attn, blk.mlp, blk.local_mp
+    if chunk == -1:
+        chunk = default_chunk(x.device)
+    if chunk is None or chunk >= N:  # one step over the batch
+        groups, steps = [slice(None)], [slice(None)]
+    else:  # image by image, chunk by chunk
+        groups, steps = [slice(b, b + 1) for b in range(B)], list(_chunks(N, chunk))
     mm_dtype = _matmul_dtype(x)
-    # timm's residual adds promote a bf16 input (autocast patch embedding) to the parameters' dtype
+    with_sum = attn.qkv.bias is not None
+    # timm's residual adds promote a bf16 input (autocast patch embedding) to the parameters' dtype;
+    # its LayerNorms, autocast to float32, see the input in that dtype too (CUDA's layer_norm
+    # takes no bf16 input with float32 weights)
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, blk.gamma1.dtype),
                       device=x.device)
     with torch.autocast(x.device.type, enabled=False):
-        # attention: pass 1 accumulates y^T y and the token sum, pass 2 applies the folded map
-        for b in range(B):
-            gram = x.new_zeros(C, C, dtype=torch.float32)
-            tok_sum = x.new_zeros(C, dtype=torch.float32)  # a chunk's sum in cache costs little
-            for s in _chunks(N, chunk):
-                y = blk.norm1(x[b, s]).to(mm_dtype)
-                gram += (y.t() @ y).float()
-                tok_sum += y.sum(0, dtype=torch.float32)
-            fused, fbias = fold_xca(attn, gram[None], tok_sum[None], N, gamma=blk.gamma1)
-            fused_t, fbias = fused[0].t().to(mm_dtype), fbias[0].to(mm_dtype)
+        # attention: pass 1 accumulates y^T y (and the token sum), pass 2 applies the folded map
+        for g in groups:
+            gram = tok_sum = None
+            for s in steps:
+                y = blk.norm1(x[g, s].to(out.dtype)).to(mm_dtype)
+                part = (y.transpose(1, 2) @ y).float()
+                gram = part if gram is None else gram + part
+                if with_sum:
+                    part = y.sum(1, dtype=torch.float32)
+                    tok_sum = part if tok_sum is None else tok_sum + part
+            fused, fbias = fold_xca(attn, gram, tok_sum, N, gamma=blk.gamma1)
+            fused_t, fbias = fused.transpose(1, 2).to(mm_dtype), fbias.unsqueeze(1).to(mm_dtype)
             # norm1 again rather than keeping its output: recomputing a chunk's LayerNorm in cache
             # is cheaper than writing and re-reading an N x C tensor
-            for s in _chunks(N, chunk):
-                _add_linear_(out[b, s], x[b, s], blk.norm1(x[b, s]).to(mm_dtype), fused_t, fbias)
+            for s in steps:
+                xs = x[g, s].to(out.dtype)
+                _add_linear_(out[g, s], xs, blk.norm1(xs).to(mm_dtype), fused_t, fbias)
         z = blk.norm3(out)
     # local patch interaction: the tokens (B, N, C) are an NHWC map; its convs run on that
     # channels-last view (no transposing copy), under the caller's autocast
@@ -219,14 +286,14 @@ def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
     z = lpi.conv2(lpi.bn(lpi.act(lpi.conv1(z))))
     z = z.permute(0, 2, 3, 1).reshape(B, N, C)
     with torch.autocast(x.device.type, enabled=False):
-        # LPI residual, then the MLP (LayerScale folded into fc2), chunk by chunk
+        # LPI residual, then the MLP (LayerScale folded into fc2), step by step
         w1t = mlp.fc1.weight.t().to(mm_dtype)
         b1 = mlp.fc1.bias.to(mm_dtype)
         w2t = (mlp.fc2.weight * blk.gamma2.unsqueeze(1)).t().to(mm_dtype)
         b2 = (mlp.fc2.bias * blk.gamma2).to(mm_dtype)
-        for b in range(B):
-            for s in _chunks(N, chunk):
-                r = torch.addcmul(out[b, s], blk.gamma3, z[b, s], out=out[b, s])
-                h = mlp.act(torch.addmm(b1, blk.norm2(r).to(mm_dtype), w1t))
-                _add_linear_(r, r, mlp.norm(h), w2t, b2)
+        for g in groups:
+            for s in steps:
+                r = torch.addcmul(out[g, s], blk.gamma3, z[g, s], out=out[g, s]).view(-1, C)
+                hid = mlp.act(torch.addmm(b1, blk.norm2(r).to(mm_dtype), w1t))
+                _add_linear_(r, r, mlp.norm(hid), w2t, b2)
     return out

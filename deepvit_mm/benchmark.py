@@ -383,10 +383,13 @@ def _child(case: Case, conn) -> None:
 _CTX = None
 
 
-def _context():
-    """A fork server that has imported torch and deepvit_mm but run nothing: each measurement
-    is a cheap fork of it, as clean as a new process."""
+def _context(device: str = 'cpu'):
+    """CPU: a fork server that has imported torch and deepvit_mm but run nothing, so each
+    measurement is a cheap fork of it, as clean as a new process. CUDA: fresh ``spawn``
+    processes (a process that may have touched CUDA cannot be forked)."""
     global _CTX
+    if not device.startswith('cpu'):
+        return mp.get_context('spawn')
     if _CTX is None:
         ctx = mp.get_context('forkserver')
         ctx.set_forkserver_preload(['deepvit_mm.benchmark'])
@@ -397,7 +400,7 @@ def _context():
 def measure_isolated(case: Case, timeout: Optional[float] = None) -> dict:
     """``measure(case)`` in a fresh process (see the module docstring). A crash (e.g. killed for
     memory) or an exception there comes back as ``{'error': message}`` with the case's fields."""
-    ctx = _context()
+    ctx = _context(case.device)
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(case, send), daemon=True)
     proc.start()

@@ -45,7 +45,7 @@ def test_quick_mode_writes_table_csv_plot_and_a_reproducing_command(tmp_path, ca
     again = tool.parse_args(cmd[2:])
     first = tool.parse_args(['--quick', '--sizes', '64', '--out-dir', str(out)])
     for key in ('arch', 'config', 'sizes', 'batch', 'dtypes', 'passes', 'warmup', 'repeats',
-                'out_dir', 'compare_timm', 'checkpoint'):
+                'out_dir', 'compare_timm', 'compare_only', 'checkpoint'):
         assert getattr(again, key) == getattr(first, key), key
     assert f'Reproduce: `{line[len("reproduce with: "):]}`' in md
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from deepvit_mm import XCiT
 import deepvit_mm.backbones.xcit_fast as xcit_fast
+from deepvit_mm import XCiT
 from deepvit_mm.backbones.xcit_fast import xca_block_inference, xca_from_gram
 
 

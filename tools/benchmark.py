@@ -66,6 +66,8 @@ def parse_args(argv=None):
                         'same adapter, interleaved in one process: ours/timm ratios for eval fwd '
                         'and the train step in each of --dtypes (as --passes asks), '
                         'peak memory of both, and the max relative error between their outputs')
+    p.add_argument('--compare-only', action='store_true',
+                   help='with --compare-timm: only the comparison, not the per-model table')
     p.add_argument('--checkpoint', help='with --config: evaluate this checkpoint on the '
                                         "config's test set (ADE20k val, single-scale) and "
                                         'report mIoU (mmengine Runner.test)')
@@ -91,6 +93,8 @@ def parse_args(argv=None):
         p.error('--checkpoint needs --config (the model and test set it was trained for)')
     if args.compare_timm and not args.arch:
         p.error('--compare-timm compares backbones: give --arch')
+    if args.compare_only and not args.compare_timm:
+        p.error('--compare-only goes with --compare-timm')
     if args.batch < 1 or args.repeats < 0 or args.warmup < 0:
         p.error('--batch must be >= 1, --repeats and --warmup >= 0')
     return args
@@ -108,6 +112,8 @@ def command_line(args) -> str:
               '--warmup', str(args.warmup), '--repeats', str(args.repeats)]
     if args.compare_timm:
         parts.append('--compare-timm')
+    if args.compare_only:
+        parts.append('--compare-only')
     if args.checkpoint:
         parts += ['--checkpoint', args.checkpoint]
     if args.cfg_options:
@@ -133,7 +139,7 @@ def main(argv=None):
     env = bm.environment(args.device)
 
     rows = []
-    for model in args.arch + ([args.config] if args.config else []):
+    for model in [] if args.compare_only else args.arch + ([args.config] if args.config else []):
         for size in sizes:
             for dtype in args.dtypes:
                 for mode in args.passes:

@@ -72,7 +72,7 @@ class XCiT(ColumnarBackbone):
             ``forward_intermediates`` (to float rounding), with less work on large inputs and
             more on small ones. ``'auto'``: per forward, only where it is measured to be faster
             (``xcit_fast.fast_path_helps``: on CPUs from 2 C tokens per image, on CUDA from a
-            batch's B N C^2 of 1e9 in fp32 and 4e9 in bf16/fp16); ``True``: always; ``False``:
+            batch's B N C^2 of 2e9 in fp32 and 4e9 in bf16/fp16); ``True``: always; ``False``:
             timm's own forward. Default: ``'auto'``.
         norm_cfg (dict): Norm of the conv parts (patch embedding, LPI, adapter).
             Default: ``dict(type='BN', requires_grad=True)``.

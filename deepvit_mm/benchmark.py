@@ -461,7 +461,8 @@ def compare_with_timm(arch: str, size: Tuple[int, int], batch: int = 1, device: 
 
     Both get the same trunk weights and input; timing interleaves the two call by call (alternating
     which goes first) so that both see the same machine load. Memory (when ``memory``) is measured
-    per implementation in fresh processes, as in ``measure_isolated``.
+    per implementation in fresh processes, as in ``measure_isolated``, on CPU; on CUDA in this
+    process (``max_memory_allocated`` is exact per pass).
 
     ``modes`` are the ``(pass, dtype)`` pairs timed (default: inference and the training step,
     each in fp32 and bf16). ``backbone_kwargs`` go to ``XCiT`` (e.g. ``fast_forward=True`` to
@@ -525,7 +526,10 @@ def compare_with_timm(arch: str, size: Tuple[int, int], batch: int = 1, device: 
                 times[name] += _time_calls(runs[name], device, 1)
         res = {f'{k}_ms': statistics.median(v) * 1e3 for k, v in times.items()}
         res['ratio'] = res['ours_ms'] / res['timm_ms']
-        if memory:
+        if memory and device.startswith('cuda'):  # exact per pass in this process
+            for impl in ('ours', 'timm'):
+                res[f'{impl}_mem_mib'] = _peak_memory(runs[impl], device)[0]
+        elif memory:
             for impl in ('ours', 'timm'):
                 m = measure_isolated(Case(arch, size, batch, dtype, mode, device, threads,
                                           warmup=0, repeats=0, impl=impl,

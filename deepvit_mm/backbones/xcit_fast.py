@@ -251,7 +251,8 @@ def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
     attn, mlp, lpi = blk.attn, blk.mlp, blk.local_mp
     if chunk == -1:
         chunk = default_chunk(x.device)
-    if chunk is None or chunk >= N:  # one step over the batch
+    whole = chunk is None or chunk >= N
+    if whole:  # one step over the batch
         groups, steps = [slice(None)], [slice(None)]
     else:  # image by image, chunk by chunk
         groups, steps = [slice(b, b + 1) for b in range(B)], list(_chunks(N, chunk))
@@ -273,6 +274,7 @@ def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
                 if with_sum:
                     part = y.sum(1, dtype=torch.float32)
                     tok_sum = part if tok_sum is None else tok_sum + part
+            del y, part  # (whole: an N x C tensor) not kept through the rest of the block
             fused, fbias = fold_xca(attn, gram, tok_sum, N, gamma=blk.gamma1)
             fused_t, fbias = fused.transpose(1, 2).to(mm_dtype), fbias.unsqueeze(1).to(mm_dtype)
             # norm1 again rather than keeping its output: recomputing a chunk's LayerNorm in cache
@@ -295,6 +297,8 @@ def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
         for g in groups:
             for s in steps:
                 r = torch.addcmul(out[g, s], blk.gamma3, z[g, s], out=out[g, s]).view(-1, C)
+                if whole:  # consumed: freed before the MLP's 4C-wide hidden layer
+                    del z
                 hid = mlp.act(torch.addmm(b1, blk.norm2(r).to(mm_dtype), w1t))
                 _add_linear_(r, r, mlp.norm(hid), w2t, b2)
     return out

@@ -13,7 +13,7 @@ from timm.layers import resample_abs_pos_embed
 from timm.models.cait import TalkingHeadAttn
 
 from deepvit_mm import CaiT, CheckpointError, XCiT
-from deepvit_mm.backbones.window_attention import GridTalkingHeadAttn
+from deepvit_mm.backbones.window_attention import GridTalkingHeadAttn, talking_heads_inference
 
 ALL_ARCHS = list(CaiT.arch_zoo)
 TAPS = {24: (7, 11, 15, 23), 36: (11, 17, 23, 35), 48: (15, 23, 31, 47)}
@@ -562,3 +562,82 @@ def _get(cfg, dotted):
     for k in dotted.split('.'):
         cfg = cfg[k]
     return cfg
+
+
+# ------------------------------------------------------------------------------ query-chunked inference
+def _randomized_talking_heads(dim=48, heads=4):
+    torch.manual_seed(0)
+    attn = GridTalkingHeadAttn(dim, num_heads=heads, qkv_bias=True).eval()
+    for p in attn.parameters():  # head-mixing weights and biases far from identity / zero
+        p.data.normal_(0, 0.5)
+    ref = TalkingHeadAttn(dim, num_heads=heads, qkv_bias=True).eval()
+    ref.load_state_dict(attn.state_dict())
+    return attn, ref
+
+
+@pytest.mark.parametrize('chunk', [1, 7, 64, 1000])  # single rows, ragged, exact, one chunk
+def test_query_chunked_attention_equals_timm(chunk):
+    attn, ref = _randomized_talking_heads()
+    x = torch.randn(2, 64, 48)
+    with torch.no_grad():
+        want = ref(x)
+        torch.testing.assert_close(talking_heads_inference(attn, x, chunk), want,
+                                   rtol=1e-4, atol=1e-5 * want.abs().max().item())
+
+
+def test_query_chunked_attention_under_bf16_autocast():
+    attn, ref = _randomized_talking_heads()
+    x = torch.randn(1, 50, 48)
+    with torch.no_grad():
+        exact = ref(x)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            ours, theirs = talking_heads_inference(attn, x, 16), ref(x)
+
+    def err(y):
+        return ((y.float() - exact).abs().max() / exact.abs().max()).item()
+    assert err(ours) < 2 * err(theirs) + 1e-3
+
+
+def test_query_chunks_only_for_inference(monkeypatch):
+    import deepvit_mm.backbones.window_attention as wa
+    calls = []
+    real = wa.talking_heads_inference
+    monkeypatch.setattr(wa, 'talking_heads_inference',
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    attn, ref = _randomized_talking_heads()
+    attn.query_chunk = 16
+    x = torch.randn(1, 40, 48, requires_grad=True)
+    attn(x).sum().backward()  # autograd: timm's attention
+    assert not calls and x.grad is not None
+    with torch.no_grad():
+        attn(x[:, :16])  # no more tokens than one chunk: timm's attention
+        assert not calls
+        want = ref(x)
+        torch.testing.assert_close(attn(x), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+    assert calls == [1]
+    attn.query_chunk = 'auto'  # CPU: 128-row chunks, so 40 tokens stay with timm's attention
+    with torch.no_grad():
+        attn(x)
+    assert calls == [1]
+
+
+def test_cait_fast_forward_switch_and_parity(monkeypatch):
+    import deepvit_mm.backbones.window_attention as wa
+    calls = []
+    real = wa.talking_heads_inference
+    monkeypatch.setattr(wa, 'talking_heads_inference',
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    m = CaiT('xxs24', out_indices=EARLY).eval()
+    assert m.fast_forward == 'auto'
+    assert all(b.attn.query_chunk == 'auto' for b in m.trunk.blocks)
+    x = torch.randn(1, 3, 224, 256)  # 14 x 16 = 224 tokens: more than one 128-row chunk
+    with torch.no_grad():
+        auto = m(x)
+        assert len(calls) == 4  # every block's attention went by query chunks
+        m.fast_forward = False
+        assert all(b.attn.query_chunk is None for b in m.trunk.blocks)
+        timm_out = m(x)
+    for a, b in zip(auto, timm_out):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+    with pytest.raises(ValueError, match="'auto', True or False"):
+        m.fast_forward = 'yes'

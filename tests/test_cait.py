@@ -13,7 +13,7 @@ from timm.layers import resample_abs_pos_embed
 from timm.models.cait import TalkingHeadAttn
 
 from deepvit_mm import CaiT, CheckpointError, XCiT
-from deepvit_mm.backbones.window_attention import GridTalkingHeadAttn, talking_heads_inference
+from deepvit_mm.backbones.window_attention import GridTalkingHeadAttn, talking_heads_chunked
 
 ALL_ARCHS = list(CaiT.arch_zoo)
 TAPS = {24: (7, 11, 15, 23), 36: (11, 17, 23, 35), 48: (15, 23, 31, 47)}
@@ -581,7 +581,7 @@ def test_query_chunked_attention_equals_timm(chunk):
     x = torch.randn(2, 64, 48)
     with torch.no_grad():
         want = ref(x)
-        torch.testing.assert_close(talking_heads_inference(attn, x, chunk), want,
+        torch.testing.assert_close(talking_heads_chunked(attn, x, chunk), want,
                                    rtol=1e-4, atol=1e-5 * want.abs().max().item())
 
 
@@ -591,41 +591,63 @@ def test_query_chunked_attention_under_bf16_autocast():
     with torch.no_grad():
         exact = ref(x)
         with torch.autocast('cpu', dtype=torch.bfloat16):
-            ours, theirs = talking_heads_inference(attn, x, 16), ref(x)
+            ours, theirs = talking_heads_chunked(attn, x, 16), ref(x)
 
     def err(y):
         return ((y.float() - exact).abs().max() / exact.abs().max()).item()
     assert err(ours) < 2 * err(theirs) + 1e-3
 
 
-def test_query_chunks_only_for_inference(monkeypatch):
+def test_query_chunked_attention_gradients_equal_timm():
+    attn, ref = _randomized_talking_heads()
+    x = torch.randn(2, 40, 48)
+    grads = []
+    for m in (attn, ref):
+        xi = x.clone().requires_grad_()
+        y = talking_heads_chunked(m, xi, 16) if m is attn else m(xi)
+        y.pow(2).mean().backward()
+        grads.append([xi.grad] + [p.grad for p in m.parameters()])
+    # proj_l's bias has an exactly-zero gradient (softmax is shift-invariant), computed as rounding
+    # noise by both: tolerances are relative to the largest gradient
+    scale = max(w.abs().max().item() for w in grads[1])
+    for g, w in zip(*grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_query_chunk_dispatch(monkeypatch):
     import deepvit_mm.backbones.window_attention as wa
     calls = []
-    real = wa.talking_heads_inference
-    monkeypatch.setattr(wa, 'talking_heads_inference',
+    real = wa.talking_heads_chunked
+    monkeypatch.setattr(wa, 'talking_heads_chunked',
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     attn, ref = _randomized_talking_heads()
     attn.query_chunk = 16
     x = torch.randn(1, 40, 48, requires_grad=True)
-    attn(x).sum().backward()  # autograd: timm's attention
-    assert not calls and x.grad is not None
+    attn(x).sum().backward()  # autograd too
+    assert calls == [1] and x.grad is not None
     with torch.no_grad():
         attn(x[:, :16])  # no more tokens than one chunk: timm's attention
-        assert not calls
+        assert calls == [1]
         want = ref(x)
         torch.testing.assert_close(attn(x), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
-    assert calls == [1]
-    attn.query_chunk = 'auto'  # CPU: 128-row chunks, so 40 tokens stay with timm's attention
-    with torch.no_grad():
+        assert calls == [1, 1]
+        attn.train().attn_drop.p = 0.1  # attention dropout in training: timm's attention
         attn(x)
-    assert calls == [1]
+        assert calls == [1, 1]
+        attn.eval().attn_drop.p = 0.0
+        attn.query_chunk = 'auto'  # CPU: 128-row chunks, so 40 tokens stay with timm's attention
+        attn(x)
+        assert calls == [1, 1]
+        attn.query_chunk = None
+        attn(x)
+        assert calls == [1, 1]
 
 
 def test_cait_fast_forward_switch_and_parity(monkeypatch):
     import deepvit_mm.backbones.window_attention as wa
     calls = []
-    real = wa.talking_heads_inference
-    monkeypatch.setattr(wa, 'talking_heads_inference',
+    real = wa.talking_heads_chunked
+    monkeypatch.setattr(wa, 'talking_heads_chunked',
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     m = CaiT('xxs24', out_indices=EARLY).eval()
     assert m.fast_forward == 'auto'

@@ -14,14 +14,14 @@ the grid (``window_size=0``) or cuts it into windows with timm's ``window_partit
 attention math is never copied. Pass it to timm's ``Cait(attn_block=...)`` and set ``window_size``
 per block.
 
-**Inference by query chunks** (``talking_heads_inference``, no autograd): timm materialises every
-``heads x N x N`` map several times over (the logits, their head-mixed and softmaxed versions, and
-the channels-last copies its ``proj_l`` / ``proj_w`` Linears over the head axis need). Here the
-queries go ``query_chunk`` rows at a time: each chunk's maps stay small, the head mixing is one
-batched GEMM over the flat map (no permuted copies), and the result is the same to float rounding.
-Measured on the 2-core CPU VM, S24 sizes (C = 384, 8 heads, 4,200 tokens = 800x1344 at /16): 0.56-
-0.65 s per attention call with 64-128-row chunks vs timm's 2.4-2.9 s, and memory O(heads x chunk x
-N) instead of O(heads x N^2).
+**Query chunks** (``talking_heads_chunked``): timm materialises every ``heads x N x N`` map several
+times over (the logits, their head-mixed and softmaxed versions, and the channels-last copies its
+``proj_l`` / ``proj_w`` Linears over the head axis need). Here the queries go ``query_chunk`` rows
+at a time: each chunk's maps stay small, the head mixing is one batched GEMM over the flat map (no
+permuted copies), and the result and its gradients are the same to float rounding. Measured on the
+2-core CPU VM, S24 sizes (C = 384, 8 heads, 4,200 tokens = 800x1344 at /16), per attention call:
+inference 0.56-0.65 s with 64-128-row chunks vs timm's 2.4-2.9 s (memory O(heads x chunk x N)
+instead of O(heads x N^2)); forward + backward 1.8-2.3 s vs 6.3-6.5 s at the same peak memory.
 """
 from typing import Optional
 
@@ -29,20 +29,21 @@ import torch
 from timm.models.cait import TalkingHeadAttn
 from timm.models.vision_transformer_sam import window_partition, window_unpartition
 
-__all__ = ['GridTalkingHeadAttn', 'talking_heads_inference', 'default_query_chunk']
+__all__ = ['GridTalkingHeadAttn', 'talking_heads_chunked', 'default_query_chunk']
 
 
 def default_query_chunk(device: torch.device) -> Optional[int]:
-    """Query rows per step of ``talking_heads_inference`` for 'auto': 128 on CPUs (measured),
+    """Query rows per step of ``talking_heads_chunked`` for 'auto': 128 on CPUs (measured),
     None (timm's attention; not measured) elsewhere."""
     return 128 if device.type == 'cpu' else None
 
 
-def talking_heads_inference(attn: TalkingHeadAttn, x: torch.Tensor, chunk: int) -> torch.Tensor:
+def talking_heads_chunked(attn: TalkingHeadAttn, x: torch.Tensor, chunk: int) -> torch.Tensor:
     """timm's ``TalkingHeadAttn.forward(x)`` computed ``chunk`` query rows at a time.
 
-    Only for inference (no autograd; attention dropout inactive). Under autocast the matmuls run
-    in the autocast dtype and the softmax in float32, as in timm's.
+    Differentiable; attention dropout is not applied (callers use timm's attention when it is
+    active). Under autocast the matmuls run in the autocast dtype and the softmax in float32, as
+    in timm's.
 
     Args:
         attn (TalkingHeadAttn): timm's module (its parameters are used as they are).
@@ -96,9 +97,8 @@ class GridTalkingHeadAttn(TalkingHeadAttn):
         chunk = self.query_chunk
         if chunk == 'auto':
             chunk = default_query_chunk(x.device)
-        if (chunk and x.shape[1] > chunk and not torch.is_grad_enabled()
-                and (not self.training or not self.attn_drop.p)):
-            return talking_heads_inference(self, x, chunk)
+        if chunk and x.shape[1] > chunk and (not self.training or not self.attn_drop.p):
+            return talking_heads_chunked(self, x, chunk)
         return super().forward(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

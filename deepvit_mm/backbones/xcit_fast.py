@@ -14,9 +14,11 @@ parameters but rewrites three parts, each exactly equal in real arithmetic:
   So q, k and v are never materialised: one (N x C) x (C x C) GEMM builds ``G``, one applies the
   folded map, and the rest is C x C work. That is 2NC^2 multiply-adds instead of 4NC^2 plus the
   permute copies, normalisations and batched products of the token-space formulation.
-* **Local patch interaction on contiguous NCHW maps.** timm's LPI hands its depthwise convs a
-  channels-last *view* of the tokens, for which oneDNN's depthwise kernel is several times slower
-  on CPU than on a contiguous NCHW tensor (measured here: 1.1 ms vs 8-18 ms for 384x50x84).
+* **Local patch interaction on contiguous NCHW maps** (training). timm's LPI hands its depthwise
+  convs a channels-last *view* of the tokens; on CPU, forward + backward of the LPI is faster on a
+  contiguous NCHW copy (2-core VM, freed memory kept as ``tools/train.py`` does: 80 vs 97 ms at
+  384x100x168, 17.9 vs 21.3 ms at 384x50x84; on an H100 both take 1.5 ms). Inference uses the
+  view.
 * **LayerScale residuals in one pass** (``torch.addcmul``) when no drop path is active.
 * **Inference** (eval mode, no autograd: ``xca_block_inference``): LayerScale folded into the
   attention map and ``fc2``, residual adds done by the GEMMs, the LPI convs on the channels-last

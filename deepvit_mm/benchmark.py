@@ -7,10 +7,10 @@ Per (model, input size, dtype, pass) it measures:
 * **throughput**: batch size / median latency, in images per second;
 * **peak memory**: the most memory the pass needs beyond what the built model and its input
   already hold. On CUDA, ``torch.cuda.max_memory_allocated()`` minus the memory allocated before
-  the pass (tensors only). On CPU, every measurement runs in a fresh process forked from a clean
-  fork server, so nothing measured before (e.g. memory that was freed but kept by the allocator)
-  lingers in it; the peak resident set of its first pass minus the resident set right before it
-  is taken. On Linux the kernel's high-water mark is reset right before the pass
+  the pass (tensors only), in a spawned process. On CPU, every measurement runs in a fresh process
+  forked from a clean fork server, so nothing measured before (e.g. memory that was freed but kept
+  by the allocator) lingers in it; the peak resident set of its first pass minus the resident set
+  right before it is taken. On Linux the kernel's high-water mark is reset right before the pass
   (``/proc/self/clear_refs``) and read back from ``VmHWM``; elsewhere ``ru_maxrss`` of the fresh
   process is used. The resident set counts every page the pass touches (tensors, allocator
   slack, oneDNN scratch), so it bounds from above the tensor memory CUDA reports.

@@ -13,9 +13,10 @@ Examples:
 
 How it measures (details in deepvit_mm/benchmark.py): latency is the median of --repeats timed
 calls after --warmup calls; throughput = batch / latency. Every measurement runs in a fresh
-process forked from a clean fork server; its first call gives the peak memory: on CPU the peak
-resident set minus the resident set before the call (Linux: kernel high-water mark reset just
-before it), on CUDA torch.cuda.max_memory_allocated minus the memory allocated before it.
+process (CPU: forked from a clean fork server; CUDA: spawned); its first call gives the peak
+memory: on CPU the peak resident set minus the resident set before the call (Linux: kernel
+high-water mark reset just before it), on CUDA torch.cuda.max_memory_allocated minus the memory
+allocated before it.
 'fwd' = inference (eval, no autograd), 'train' = forward + backward (no optimizer step);
 'bf16' = torch.autocast(bfloat16) on CPU or CUDA. Also reported: the first (cold) call's time and
 the CPU time of the process per call. On a shared machine, note the load average the report

@@ -1,6 +1,7 @@
 """CaiT backbone: parity with timm, any input size, position-embedding resampling and its cache,
 windowed attention, gradients, arch names, input checks, weights and recipes."""
 import copy
+import gc
 import os
 
 import pytest
@@ -457,12 +458,18 @@ def test_resampling_checkpoint_under_ddp_trains(tmp_path, timm_xxs24_384):
              init_cfg=dict(type='Pretrained', checkpoint=path))
     store = dist.HashStore()
     dist.init_process_group('gloo', store=store, rank=0, world_size=1)
+    ddp = None
     try:
         ddp = DistributedDataParallel(m)
         m.init_weights()
         sum(o.pow(2).mean() for o in ddp(torch.randn(1, 3, 64, 96))).backward()
         assert m.trunk.pos_embed.grad.shape == (1, 196, 192)
     finally:
+        # DDP's Reducer holds the gloo group: release it before the group is destroyed. Left to
+        # be collected afterwards, the group's destructor ran from the Reducer's and hung joining
+        # its threads (seen once: pytest stuck in ~ProcessGroupGloo).
+        del ddp
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -45,7 +45,7 @@ from timm.models.cait import Cait, checkpoint_filter_fn
 
 from ..registry import register_model
 from .columnar import ArchSpec, ColumnarBackbone, count_blocks
-from .window_attention import GridTalkingHeadAttn
+from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn
 
 __all__ = ['CaiT']
 
@@ -149,17 +149,8 @@ class CaiT(ColumnarBackbone):
             blk.attn.window_size = 0 if i in self.global_blocks else self.window_size
         self.fast_forward = fast_forward
 
-    @property
-    def fast_forward(self) -> Union[bool, str]:
-        """``'auto'``, True or False: how the attention is computed (class docstring)."""
-        return self._fast_forward
-
-    @fast_forward.setter
-    def fast_forward(self, mode: Union[bool, str]) -> None:
-        if mode not in (True, False, 'auto'):
-            raise ValueError(f"CaiT: fast_forward must be 'auto', True or False, got {mode!r}")
-        self._fast_forward = mode if mode == 'auto' else bool(mode)
-        chunk = {True: 128, False: None, 'auto': 'auto'}[self._fast_forward]
+    def _apply_fast_forward(self, mode: Union[bool, str]) -> None:
+        chunk = {True: CPU_QUERY_CHUNK, False: None, 'auto': 'auto'}[mode]
         for blk in self.trunk.blocks:
             blk.attn.query_chunk = chunk
 

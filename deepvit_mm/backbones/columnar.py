@@ -7,7 +7,7 @@ convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_
 """
 import difflib
 import re
-from typing import ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
@@ -216,6 +216,25 @@ class ColumnarBackbone(BaseModule):
     def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
         """The ``arch_zoo`` name a converted state dict was trained as, if recognisable."""
         return None
+
+    def _apply_fast_forward(self, mode: Union[bool, str]) -> None:
+        """Make the trunk run as ``fast_forward`` says (``'auto'``, True or False)."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- faster forward
+    @property
+    def fast_forward(self) -> Union[bool, str]:
+        """``'auto'``, True or False: whether the trunk runs the family's faster forward (see
+        the family's class docstring)."""
+        return self._fast_forward
+
+    @fast_forward.setter
+    def fast_forward(self, mode: Union[bool, str]) -> None:
+        if mode not in (True, False, 'auto'):
+            raise ValueError(f"{type(self).__name__}: fast_forward must be 'auto', True or False, "
+                             f'got {mode!r}')
+        self._fast_forward = mode if mode == 'auto' else bool(mode)
+        self._apply_fast_forward(self._fast_forward)
 
     # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:

@@ -119,20 +119,11 @@ class XCiT(ColumnarBackbone):
             pats += [r'^trunk\.blocks\.\d+\.attn\.qkv\.', r'^trunk\.qkv_codes\.']
         return pats
 
-    @property
-    def fast_forward(self) -> Union[bool, str]:
-        """``'auto'``, True or False: how the blocks run (see the class docstring)."""
-        return self._fast_forward
-
-    @fast_forward.setter
-    def fast_forward(self, mode: Union[bool, str]) -> None:
+    def _apply_fast_forward(self, mode: Union[bool, str]) -> None:
         # The faster forward is installed on each block instance, so timm's own
         # forward_intermediates (its gradient checkpointing included) and forward hooks on the
         # blocks work unchanged; removing it restores timm's XCABlock.forward.
-        if mode not in (True, False, 'auto'):
-            raise ValueError(f"XCiT: fast_forward must be 'auto', True or False, got {mode!r}")
-        self._fast_forward = mode if mode == 'auto' else bool(mode)
-        fwd = {True: xca_block_forward, 'auto': xca_block_forward_auto}.get(self._fast_forward)
+        fwd = {True: xca_block_forward, 'auto': xca_block_forward_auto}.get(mode)
         for blk in self.trunk.blocks:
             if fwd is None:
                 blk.__dict__.pop('forward', None)

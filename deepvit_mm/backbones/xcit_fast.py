@@ -45,11 +45,6 @@ def has_linear_qkv(attn: nn.Module) -> bool:
     return type(attn.qkv) is nn.Linear
 
 
-def _heads(w: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """(C_out, C_in) -> (heads, C_out / heads, C_in)."""
-    return w.view(num_heads, w.shape[0] // num_heads, w.shape[1])
-
-
 def _chunks(n: int, size: int):
     for i in range(0, n, size):
         yield slice(i, min(i + size, n))

@@ -4,6 +4,7 @@ import torch
 import torch.nn as nn
 
 from deepvit_mm import ColumnarPyramid
+from deepvit_mm.pyramid import ConvTranspose2x2
 
 
 def _kinds(level):
@@ -13,14 +14,14 @@ def _kinds(level):
 def test_patch8_levels():
     p = ColumnarPyramid(32, in_stride=8)
     assert [_kinds(level) for level in p.levels] == [
-        ['ConvTranspose2d'], ['Identity'], ['MaxPool2d'], ['MaxPool2d']]
+        ['ConvTranspose2x2'], ['Identity'], ['MaxPool2d'], ['MaxPool2d']]
     assert p.levels[2][0].kernel_size == 2 and p.levels[3][0].kernel_size == 4
 
 
 def test_patch16_levels_match_official_layout():
     p = ColumnarPyramid(32, in_stride=16)
     assert [_kinds(level) for level in p.levels] == [
-        ['ConvTranspose2d', 'BatchNorm2d', 'GELU', 'ConvTranspose2d'], ['ConvTranspose2d'],
+        ['ConvTranspose2x2', 'BatchNorm2d', 'GELU', 'ConvTranspose2x2'], ['ConvTranspose2x2'],
         ['Identity'], ['MaxPool2d']]
     conv = p.levels[0][0]
     assert conv.kernel_size == (2, 2) and conv.stride == (2, 2)
@@ -38,6 +39,40 @@ def test_output_strides(stride, hw):
     outs = p(feats)
     for s, o in zip((4, 8, 16, 32), outs):
         assert o.shape[-2:] == (hw[0] * stride // s, hw[1] * stride // s)
+
+
+@pytest.mark.parametrize('autocast', [False, True])
+def test_gemm_transposed_conv_matches_pytorch(autocast):
+    """The CPU GEMM + pixel-shuffle form equals nn.ConvTranspose2d: outputs and all gradients."""
+    torch.manual_seed(0)
+    ref = nn.ConvTranspose2d(12, 8, kernel_size=2, stride=2)
+    ours = ConvTranspose2x2(12, 8)
+    ours.load_state_dict(ref.state_dict())  # same keys and shapes: checkpoints load unchanged
+    x = torch.randn(2, 12, 5, 7, requires_grad=True)
+    g = torch.randn(2, 8, 10, 14)
+    grads = []
+    for m in (ref, ours):
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+            y = m(x)
+        grads.append((y.detach().float(), *torch.autograd.grad(y, (x, m.weight, m.bias), g.to(y.dtype))))
+    tol = dict(rtol=2e-2, atol=2e-2) if autocast else dict(rtol=1e-5, atol=1e-5)
+    assert grads[1][0].shape == (2, 8, 10, 14)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b.float(), a.float(), **tol)
+
+
+def test_gemm_transposed_conv_inference_in_row_steps():
+    """Without autograd the CPU form runs a few input rows at a time: same output, any height."""
+    torch.manual_seed(0)
+    ref = nn.ConvTranspose2d(6, 4, kernel_size=2, stride=2)
+    ours = ConvTranspose2x2(6, 4)
+    ours.load_state_dict(ref.state_dict())
+    ours.INFERENCE_ROWS_PER_STEP = 3  # 7 rows: steps of 3, 3 and 1
+    x = torch.randn(2, 6, 7, 5)
+    with torch.no_grad():
+        out = ours(x)
+        torch.testing.assert_close(out, ref(x), rtol=1e-5, atol=1e-5)
+    assert out.shape == (2, 4, 14, 10)
 
 
 def test_wrong_number_of_features():

@@ -1,7 +1,9 @@
 """deepvit_mm: XCiT and CaiT as dense-prediction backbones for mmdet 3.x and mmsegmentation 1.x.
 
 Importing the package checks the versions it depends on, registers the backbones in mmdet's and
-mmseg's ``MODELS`` and makes mmengine read checkpoints through the safe loader.
+mmseg's ``MODELS`` (and its hooks, optimizer wrapper and constructor in mmengine's registries),
+makes mmengine read checkpoints through the safe loader and load models that hold a deepvit_mm
+backbone through its matcher (``deepvit_mm.checkpoints``). Nothing else in the process changes.
 """
 from ._deps import check_versions
 from .version import __version__
@@ -9,11 +11,18 @@ from .version import __version__
 check_versions()
 
 from .backbones import CaiT, ColumnarBackbone, XCiT  # noqa: E402
-from .checkpoints import CheckpointError, install_mmengine_loader, read_checkpoint  # noqa: E402
+from .checkpoints import (  # noqa: E402
+    CheckpointError,
+    install_mmengine_loader,
+    load_weights,
+    read_checkpoint,
+    trusted_checkpoints,
+)
 from .distributed import CPUDistributedDataParallel  # noqa: E402
-from .engine import CPUAmpOptimWrapper, RNGStateHook  # noqa: E402
+from .engine import CPUAmpOptimWrapper  # noqa: E402
 from .optim import ColumnarLayerDecayOptimizerConstructor  # noqa: E402
 from .pyramid import ColumnarPyramid  # noqa: E402
+from .runtime import CrashSafeCheckpointHook, FiniteLossHook, RNGStateHook  # noqa: E402
 
 install_mmengine_loader()
 
@@ -46,5 +55,5 @@ _register_config_package()
 
 __all__ = ['__version__', 'XCiT', 'CaiT', 'ColumnarBackbone', 'ColumnarPyramid', 'CheckpointError',
            'CPUAmpOptimWrapper', 'CPUDistributedDataParallel', 'RNGStateHook',
-           'ColumnarLayerDecayOptimizerConstructor',
-           'read_checkpoint']
+           'CrashSafeCheckpointHook', 'FiniteLossHook', 'ColumnarLayerDecayOptimizerConstructor',
+           'read_checkpoint', 'load_weights', 'trusted_checkpoints']

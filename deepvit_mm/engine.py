@@ -2,69 +2,22 @@
 import ctypes
 import ctypes.util
 import os.path as osp
-import random
 import sys
 from contextlib import contextmanager
 from typing import Optional
 
-import numpy as np
 import torch
 import torch.nn as nn
 from mmengine.config import Config
-from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.optim import OptimWrapper
-from mmengine.registry import HOOKS, OPTIM_WRAPPERS
+from mmengine.registry import OPTIM_WRAPPERS
 
 from .cpu_autocast import run_mmcv_ops_in_float32
+from .runtime.hooks import RNGStateHook  # noqa: F401  (its former home)
 
 __all__ = ['CPUAmpOptimWrapper', 'RNGStateHook', 'task_of', 'prepare_config',
            'enable_visualization', 'keep_freed_cpu_memory']
-
-
-@HOOKS.register_module()
-class RNGStateHook(Hook):
-    """Save the random-number generators' states in every checkpoint and restore them on resume,
-    so a resumed run draws the same random numbers (RoI sampling, drop path...) as an uninterrupted
-    one. mmengine re-seeds on resume but does not restore the states reached at the checkpoint.
-
-    Data augmentation runs in dataloader workers, which mmengine seeds per worker and which replay
-    the skipped batches on resume, so use ``num_workers >= 1`` for bit-identical resumes.
-    """
-    priority = 'VERY_LOW'
-
-    def __init__(self) -> None:
-        self._pending: Optional[dict] = None
-
-    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        state = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
-                     python=random.getstate())
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state['cuda'] = torch.cuda.get_rng_state_all()
-        checkpoint['rng_state'] = state
-
-    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        if getattr(runner, '_resume', False):
-            self._pending = checkpoint.get('rng_state')
-            if self._pending is None:
-                print_log('the resumed checkpoint has no RNG state (saved without RNGStateHook): '
-                          'random draws will differ from an uninterrupted run.',
-                          logger='current', level=30)
-
-    def before_train(self, runner) -> None:
-        # after mmengine's own re-seeding in Runner.resume()
-        if self._pending is None:
-            return
-        state, self._pending = self._pending, None
-        torch.set_rng_state(state['torch'])
-        np.random.set_state(state['numpy'])
-        random.setstate(_as_tuple(state['python']))
-        if 'cuda' in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state['cuda'])
-
-
-def _as_tuple(x):
-    return tuple(_as_tuple(i) for i in x) if isinstance(x, (list, tuple)) else x
 
 
 @OPTIM_WRAPPERS.register_module()
@@ -134,11 +87,8 @@ def prepare_config(config: str, *, work_dir: Optional[str] = None, cfg_options=N
     if resume == 'auto':
         from .checkpoints import find_resumable_checkpoint
         # mmengine would trust work_dir/last_checkpoint blindly; pick the newest complete one
-        cfg.load_from = find_resumable_checkpoint(cfg.work_dir)
+        cfg.load_from = find_resumable_checkpoint(cfg.work_dir)  # warns when there is none
         cfg.resume = cfg.load_from is not None
-        if not cfg.resume:
-            print_log(f'--resume: no complete checkpoint in {cfg.work_dir}; starting afresh.',
-                      logger='current')
     elif resume is not None:
         cfg.resume, cfg.load_from = True, resume
     if load_from is not None:

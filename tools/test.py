@@ -9,6 +9,7 @@ from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
+from deepvit_mm.checkpoints import require_complete_model, resolve_checkpoint  # noqa: E402
 from deepvit_mm.distributed import setup_cpu_distributed  # noqa: E402
 from deepvit_mm.engine import enable_visualization, keep_freed_cpu_memory, prepare_config  # noqa: E402
 
@@ -16,7 +17,8 @@ from deepvit_mm.engine import enable_visualization, keep_freed_cpu_memory, prepa
 def parse_args():
     parser = argparse.ArgumentParser(description='Test (evaluate) a checkpoint')
     parser.add_argument('config', help='config file')
-    parser.add_argument('checkpoint', help='checkpoint file (.pth or .safetensors)')
+    parser.add_argument('checkpoint', help='checkpoint: a .pth or .safetensors file, or an '
+                                           'http(s):// URL (downloaded once to the torch hub cache)')
     parser.add_argument('--work-dir', help='where logs and metrics go')
     parser.add_argument('--show-dir', help='draw predictions into this folder (for mmdet: '
                                            'under work_dir/<timestamp>/)')
@@ -38,15 +40,18 @@ def main():
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
     if not torch.cuda.is_available():
         keep_freed_cpu_memory()  # large feature maps reuse freed pages (see its docstring)
-    if not os.path.isfile(args.checkpoint):
-        sys.exit(f'checkpoint not found: {args.checkpoint!r}')
+    try:
+        checkpoint = resolve_checkpoint(args.checkpoint)  # ~ expanded, URLs downloaded
+    except (FileNotFoundError, RuntimeError) as e:
+        sys.exit(str(e))
     cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
-                         launcher=args.launcher, load_from=args.checkpoint)
+                         launcher=args.launcher, load_from=checkpoint)
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     if args.show or args.show_dir:
         enable_visualization(cfg, args.show_dir, args.show, args.wait_time)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
-    runner.test()
+    with require_complete_model():  # a backbone-only checkpoint would evaluate to mAP 0
+        runner.test()
 
 
 if __name__ == '__main__':

@@ -60,5 +60,6 @@ optim_wrapper = dict(
             'pos_embed': dict(decay_mult=0.),
         }))
 
-default_hooks = dict(checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=3))
-custom_hooks = [dict(type='RNGStateHook')]  # bit-identical resume (deepvit_mm.engine)
+default_hooks = dict(checkpoint=dict(type='CrashSafeCheckpointHook', interval=1, max_keep_ckpts=3))
+# stop on a NaN/inf loss; RNG state in checkpoints for bit-identical resumes (deepvit_mm.runtime)
+custom_hooks = [dict(type='FiniteLossHook'), dict(type='RNGStateHook')]

@@ -77,6 +77,7 @@ param_scheduler = [
          end=max_iters),
 ]
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=16000)
-default_hooks = dict(checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=16000,
+default_hooks = dict(checkpoint=dict(type='CrashSafeCheckpointHook', by_epoch=False, interval=16000,
                                      max_keep_ckpts=3))
-custom_hooks = [dict(type='RNGStateHook')]  # bit-identical resume (deepvit_mm.engine)
+# stop on a NaN/inf loss; RNG state in checkpoints for bit-identical resumes (deepvit_mm.runtime)
+custom_hooks = [dict(type='FiniteLossHook'), dict(type='RNGStateHook')]

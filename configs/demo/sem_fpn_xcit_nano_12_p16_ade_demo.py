@@ -91,7 +91,8 @@ param_scheduler = [
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=25, log_metric_by_epoch=False),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=1))
+    checkpoint=dict(type='CrashSafeCheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=1))
 randomness = dict(seed=0)
-custom_hooks = [dict(type='RNGStateHook')]  # bit-identical resume (deepvit_mm.engine)
+# stop on a NaN/inf loss; RNG state in checkpoints for bit-identical resumes (deepvit_mm.runtime)
+custom_hooks = [dict(type='FiniteLossHook'), dict(type='RNGStateHook')]
 auto_scale_lr = dict(enable=False, base_batch_size=batch_size)

@@ -17,8 +17,8 @@ What dense prediction adds to timm's model, and why it is written here:
 * **The checkpoint's grid.** ``pos_embed`` has the grid the model is built for
   (``img_size / 16``: 14x14 by default, 24x24 for ``cait_*_384`` or ``img_size=384``). A checkpoint
   trained at another resolution is resampled to it once, at load (its grid is read from its
-  shape; the load report's ``resized`` line and a warning say so), on every loading path: ours
-  (``init_cfg``) and mmengine's (``load_from``, ``--resume``, ``tools/test.py``). Build the model at
+  shape; the load report's ``resized`` line and a warning say so), on every loading path (they all
+  go through ``deepvit_mm.checkpoints.load_weights``). Build the model at
   the checkpoint's resolution to keep the embedding as trained. The parameter's shape never
   changes after construction: mmengine wraps the model in DistributedDataParallel before it loads
   the weights, and DDP's gradient hooks keep the shape they saw.
@@ -45,7 +45,7 @@ from timm.models.cait import Cait, checkpoint_filter_fn
 
 from ..registry import register_model
 from .columnar import ArchSpec, ColumnarBackbone, count_blocks
-from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn
+from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 
 __all__ = ['CaiT']
 
@@ -271,16 +271,26 @@ class CaiT(ColumnarBackbone):
         # our loader (init_cfg): reported in the load report's `resized` line
         return self._pos_embed_from_checkpoint(value) if key == 'trunk.pos_embed' else None
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # torch's and mmengine's loading (load_from, resume, tools/test.py) pass here before the
-        # trunk's own parameters are copied: resample there too instead of skipping the tensor
-        key = prefix + 'trunk.pos_embed'
-        value = state_dict.get(key)
-        if value is not None and value.shape != self.trunk.pos_embed.shape:
-            resampled = self._pos_embed_from_checkpoint(value)
-            if resampled is not None:
-                state_dict[key] = resampled
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+    # ----------------------------------------------------------------- memory
+    def _activation_bytes(self, batch: int, grid: Tuple[int, int], element: int,
+                          device: torch.device) -> int:
+        # global talking-heads attention: heads x rows x N maps (two live at once in inference,
+        # rows = the query chunk when it applies); training keeps the full N x N maps of every
+        # global block (logits, mixed, softmax), or of one block at a time with with_cp
+        base = super()._activation_bytes(batch, grid, element, device)
+        n = grid[0] * grid[1]
+        attn = self.trunk.blocks[self.global_blocks[0]].attn
+        heads = attn.num_heads
+        if torch.is_grad_enabled() and self.training:
+            blocks = 1 if self.with_cp else len(self.global_blocks)
+            return base + blocks * batch * heads * n * n * element * 3
+        chunk = default_query_chunk(device) if attn.query_chunk == 'auto' else attn.query_chunk
+        rows = min(chunk, n) if chunk else n
+        return base + batch * heads * rows * n * element * 2
+
+    def _memory_remedy(self) -> str:
+        return ('use windowed attention (window_size=14), with_cp=True for training, or smaller '
+                'inputs')
 
     # ----------------------------------------------------------------- forward
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:

@@ -6,6 +6,7 @@ convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_
 ``with_cp`` and weight loading live here once.
 """
 import difflib
+import numbers
 import re
 from typing import ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
@@ -13,17 +14,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
-from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..checkpoints import (
-    CheckpointError,
-    LoadReport,
-    extract_state_dict,
-    load_backbone_weights,
-    read_checkpoint,
-)
+from ..checkpoints import LoadReport, load_weights, read_checkpoint
 from ..pyramid import ColumnarPyramid
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 
@@ -112,6 +106,7 @@ class ColumnarBackbone(BaseModule):
                                  'not both.')
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
+        self._check_arguments(out_indices, drop_path_rate, norm_cfg, frozen_stages)
         self.arch = self.resolve_arch(arch)
         fixed = sorted(set(trunk_kwargs) & {'patch_size', 'embed_dim', 'depth', 'num_heads'})
         if fixed:
@@ -135,9 +130,17 @@ class ColumnarBackbone(BaseModule):
         self.trunk = self._build_trunk(spec, drop_path_rate=dpr, **trunk_kwargs)
         self._kept_blocks = max(self.out_indices) + 1
         self.trunk.prune_intermediate_layers(self.out_indices, prune_norm=True, prune_head=True)
-        self._convert_batchnorms(self.trunk, self.norm_cfg)
-        self.adapter = ColumnarPyramid(self.embed_dim, in_stride=self.patch_size,
-                                       out_strides=out_strides, norm_cfg=self.norm_cfg)
+        try:
+            self._convert_batchnorms(self.trunk, self.norm_cfg)
+            self.adapter = ColumnarPyramid(self.embed_dim, in_stride=self.patch_size,
+                                           out_strides=out_strides, norm_cfg=self.norm_cfg)
+        except (AssertionError, KeyError, TypeError, ValueError) as e:
+            if not isinstance(e, ValueError) or 'out_strides' not in str(e):
+                raise ValueError(f'{type(self).__name__}: cannot build norm layers from norm_cfg='
+                                 f'{self.norm_cfg} ({type(e).__name__}: {e}). Use e.g. '
+                                 "dict(type='BN'), dict(type='SyncBN') or dict(type='GN', "
+                                 'num_groups=G) with G dividing every channel count.') from e
+            raise
         if len(self.out_indices) != len(self.adapter.levels):
             raise ValueError(
                 f'{type(self).__name__}: {len(self.out_indices)} out_indices {self.out_indices} '
@@ -151,7 +154,34 @@ class ColumnarBackbone(BaseModule):
             enable_grad_checkpointing(self.trunk)
         self._freeze_stages()
         # detector/segmentor checkpoints of the official code load through load_state_dict too
-        self.register_load_state_dict_pre_hook(_convert_foreign_backbone_keys)
+
+    def _check_arguments(self, out_indices, drop_path_rate, norm_cfg, frozen_stages) -> None:
+        """Argument types the trunk would reject with an unhelpful message (or accept wrongly)."""
+        name = type(self).__name__
+        if out_indices is not None and (
+                isinstance(out_indices, (str, bytes)) or not isinstance(out_indices, Sequence)
+                or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool)
+                           for i in out_indices)):
+            raise TypeError(f'{name}: out_indices must be a sequence of 0-based block indices, one '
+                            f'per output stride, e.g. (3, 5, 7, 11); got {out_indices!r}.')
+        if drop_path_rate is not None and (
+                not isinstance(drop_path_rate, numbers.Real) or isinstance(drop_path_rate, bool)
+                or not 0 <= drop_path_rate < 1):
+            raise ValueError(f'{name}: drop_path_rate must be a number in [0, 1) (the probability '
+                             f'of skipping a block), got {drop_path_rate!r}; the paper uses '
+                             '0.0-0.3.')
+        if norm_cfg is not None:
+            if not isinstance(norm_cfg, Mapping) or 'type' not in norm_cfg:
+                raise TypeError(f"{name}: norm_cfg must be a dict with a 'type', e.g. "
+                                "dict(type='BN', requires_grad=True) or dict(type='SyncBN'); got "
+                                f'{norm_cfg!r}.')
+            if norm_cfg['type'] == 'GN' and 'num_groups' not in norm_cfg:
+                raise ValueError(f"{name}: norm_cfg={dict(norm_cfg)} needs num_groups, e.g. "
+                                 "dict(type='GN', num_groups=32).")
+        if not isinstance(frozen_stages, numbers.Integral) or isinstance(frozen_stages, bool):
+            raise TypeError(f'{name}: frozen_stages must be an int: -1 (nothing frozen), 0 (patch '
+                            'embedding) or k (also the first k blocks; the number of blocks used '
+                            f'freezes the whole trunk); got {frozen_stages!r}.')
 
     # ----------------------------------------------------------------- architecture table
     @classmethod
@@ -239,32 +269,53 @@ class ColumnarBackbone(BaseModule):
     # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """Args:
-            x (Tensor): ``(B, in_chans, H, W)`` images, any ``H, W >= patch_size``.
+            x (Tensor): ``(B, in_chans, H, W)`` float images, any ``H, W >= patch_size``.
 
         Returns:
             tuple[Tensor]: one ``(B, embed_dim, ceil(H/32)*32/s, ceil(W/32)*32/s)`` map per output
             stride ``s`` (the input is zero-padded at the bottom/right to a multiple of 32;
-            with ``pad_input=False`` the maps are as large as the unpadded input gives).
+            with ``pad_input=False`` the maps are as large as the unpadded input gives). An empty
+            batch gives empty maps.
         """
         self._check_input(x)
+        if x.shape[0] == 0:
+            return self._empty_output(x)
         h, w = x.shape[-2:]
         ph, pw = (-h) % self.pad_to, (-w) % self.pad_to
         if self.pad_input and (ph or pw):
             x = F.pad(x, (0, pw, 0, ph))
+        if not _exporting():
+            self._check_memory(x)
         with full_recomputation(self.with_cp):
             taps = self._forward_taps(x)
         return self.adapter(taps)
 
+    def _empty_output(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        if self.pad_input:
+            H, W = (-(-n // self.pad_to) * self.pad_to for n in x.shape[-2:])
+            return tuple(x.new_zeros(0, self.embed_dim, H // s, W // s) for s in self.out_strides)
+        with torch.no_grad():  # unpadded sizes round per layer: take them from one image
+            return tuple(o[:0] for o in self.forward(x.new_zeros(1, *x.shape[1:])))
+
     def _check_input(self, x: torch.Tensor) -> None:
         name = f'{type(self).__name__}({self.arch})'
-        if x.dim() != 4:
-            raise ValueError(f'{name} expects a (B, C, H, W) batch of images, got shape '
-                             f'{tuple(x.shape)}.')
+        if not torch.is_tensor(x) or x.dim() != 4:
+            raise ValueError(f'{name} expects a (B, C, H, W) tensor of images, got '
+                             f'{tuple(x.shape) if torch.is_tensor(x) else type(x).__name__}.')
         in_chans = self.in_chans
         if x.shape[1] != in_chans:
             raise ValueError(f'{name} expects {in_chans}-channel images, got {x.shape[1]} channels '
                              f'(shape {tuple(x.shape)}); convert the images (e.g. to RGB) or set '
                              f'in_chans={x.shape[1]} (pretrained weights then do not fit).')
+        weight_dtype = next(self.parameters()).dtype
+        if not x.is_floating_point():
+            raise TypeError(f'{name} expects float images normalised by the data preprocessor '
+                            f'(mean/std), got {x.dtype}: use mmdet/mmseg\'s data preprocessor, or '
+                            f'(x.float() - mean) / std.')
+        if x.dtype != weight_dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f'{name}: input is {x.dtype} but the weights are {weight_dtype}: pass '
+                            f'x.to({weight_dtype}), convert the model (model.to({x.dtype})), or run '
+                            'under torch.autocast for mixed precision.')
         if min(x.shape[-2:]) < self.patch_size:
             raise ValueError(f'{name}: input {tuple(x.shape[-2:])} is smaller than one '
                              f'{self.patch_size}x{self.patch_size} patch; resize images to at least '
@@ -275,6 +326,38 @@ class ColumnarBackbone(BaseModule):
             raise ValueError(f'{name}: with pad_input=False an input needs at least {least} pixels '
                              f'a side for the stride-{self.pad_to} level, got '
                              f'{tuple(x.shape[-2:])}; use pad_input=True or larger images.')
+        if not _exporting() and x.numel() and not torch.isfinite(x).all():
+            bad = int((~torch.isfinite(x)).sum())
+            raise ValueError(f'{name}: the input holds {bad} NaN or infinite values, which would '
+                             'make every output NaN. Check the images and the data preprocessor '
+                             '(a std of 0, a corrupt file).')
+
+    # ----------------------------------------------------------------- memory
+    def _activation_bytes(self, batch: int, grid: Tuple[int, int], element: int,
+                          device: torch.device) -> int:
+        """A lower bound of the memory one forward needs beyond the weights: the family adds its
+        attention (CaiT's is quadratic in tokens). Here: four token maps of the widest block
+        (input, norm, and the MLP's 4x hidden) live at once; training keeps each block's."""
+        tokens = batch * grid[0] * grid[1]
+        per_block = tokens * self.embed_dim * element * 6
+        if torch.is_grad_enabled() and self.training and not self.with_cp:
+            return per_block * self._kept_blocks
+        return per_block
+
+    def _memory_remedy(self) -> str:
+        return 'use smaller inputs, or with_cp=True for training'
+
+    def _check_memory(self, x: torch.Tensor) -> None:
+        """Refuse, before allocating, an input whose forward cannot fit the device's free memory."""
+        grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
+        element = 2 if torch.is_autocast_enabled(x.device.type) else x.element_size()
+        need = self._activation_bytes(x.shape[0], grid, element, x.device)
+        free = _free_memory(x.device)
+        if free is not None and need > free:
+            raise MemoryError(
+                f'{type(self).__name__}({self.arch}): input {tuple(x.shape)} ({grid[0]}x{grid[1]} '
+                f'patches) needs at least {need / 2**30:.1f} GiB for its activations, more than '
+                f'the {free / 2**30:.1f} GiB free on {x.device}: {self._memory_remedy()}.')
 
     # ----------------------------------------------------------------- training controls
     def _frozen_modules(self) -> List[nn.Module]:
@@ -313,7 +396,7 @@ class ColumnarBackbone(BaseModule):
     def init_weights(self) -> None:
         cfg = self.init_cfg
         if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            self.load_pretrained(cfg['checkpoint'])
+            self.load_pretrained(cfg['checkpoint'], checkpoint_key=cfg.get('checkpoint_key'))
             self._is_init = True
         else:
             super().init_weights()
@@ -363,35 +446,39 @@ class ColumnarBackbone(BaseModule):
         names = ', '.join(fam.__name__ for fam in ColumnarBackbone.families)
         return f'It is not a checkpoint of a model deepvit_mm knows ({names})'
 
-    def load_pretrained(self, path: str) -> LoadReport:
-        """Load ``path`` (any supported format/layout), log and return the report."""
-        raw = read_checkpoint(path)
+    def load_pretrained(self, path: str, checkpoint_key: Optional[str] = None) -> LoadReport:
+        """Load ``path`` (a file, ``~/...`` or an ``http(s)://`` URL, in any supported format and
+        layout) through ``deepvit_mm.checkpoints.load_weights``; log and return the report.
+
+        Args:
+            path (str): The checkpoint.
+            checkpoint_key (str, optional): The part to take, e.g. ``'student'`` of a DINO
+                training checkpoint (default: its ``teacher``).
+        """
+        return load_weights(self, read_checkpoint(path), source=repr(path),
+                            checkpoint_key=checkpoint_key)
+
+
+def _exporting() -> bool:
+    """Tracing or exporting (ONNX, TorchScript, torch.compile): value-dependent checks are skipped
+    there, since they would be frozen into the graph as constants."""
+    return (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+            or torch.compiler.is_compiling())
+
+
+def _free_memory(device: torch.device) -> Optional[int]:
+    """Bytes a new allocation can take on ``device``, or None when unknown."""
+    if device.type == 'cuda':
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type == 'cpu':
         try:
-            sd = self.convert_state_dict(extract_state_dict(raw))
-        except CheckpointError as e:
-            raise CheckpointError(f'{path}: {e}') from None
-        report = load_backbone_weights(
-            self, sd, source=f'{path!r} into {type(self).__name__}({self.arch})',
-            drop=self._drop_patterns(), init_ok=self._init_ok_patterns(),
-            resize=self._resize_tensor, describe=self.describe_state_dict)
-        print_log(report.format(), logger='current')
-        return report
-
-
-def _convert_foreign_backbone_keys(module: ColumnarBackbone, state_dict: dict, prefix: str,
-                                   *args) -> None:
-    """``load_state_dict`` pre-hook: a whole detector/segmentor state dict of the official XCiT
-    code (``backbone.patch_embed.*``, ``backbone.blocks.N.*``, ``backbone.pos_embeder.*``,
-    ``backbone.fpn1.*``...) or a classification state dict is renamed, in place, to this module's
-    keys under ``prefix``, so ``load_from=``, ``--resume`` and ``tools/test.py CKPT`` (mmengine's
-    ``load_state_dict`` of the whole model) load it with no conversion step. Keys already in our
-    layout (``trunk.*``, ``adapter.*``) are left alone; so is everything outside ``prefix``."""
-    ours = [k for k in state_dict if k.startswith(prefix)]
-    rest = [k[len(prefix):] for k in ours]
-    if not rest or any(k.startswith(('trunk.', 'adapter.')) for k in rest):
-        return
-    converted = module.convert_state_dict({k: state_dict.pop(prefix + k) for k in rest})
-    state_dict.update({prefix + k: v for k, v in converted.items()})
+            with open('/proc/meminfo') as f:
+                info = dict(line.split(':', 1) for line in f)
+            return int(info['MemAvailable'].split()[0]) * 1024
+        except (OSError, KeyError, ValueError):
+            return None
+    return None
 
 
 def count_blocks(state_dict: Mapping[str, torch.Tensor], prefix: str = 'trunk.blocks.') -> int:

@@ -271,15 +271,19 @@ def _literal_problem(node: ast.AST) -> Optional[str]:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         return _literal_problem(node.operand)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'dict' \
-            and not node.args and all(kw.arg is not None for kw in node.keywords):
-        return next(filter(None, (_literal_problem(kw.value) for kw in node.keywords)), None)
+            and all(isinstance(a, ast.Dict) for a in node.args) and len(node.args) <= 1 \
+            and all(kw.arg is not None for kw in node.keywords):
+        # dict(k=v) and dict({'non-identifier key': v}), as Config.pretty_text writes them
+        return next(filter(None, (_literal_problem(n) for n in
+                                  [*node.args, *(kw.value for kw in node.keywords)])), None)
     return f'{type(node).__name__} at line {getattr(node, "lineno", "?")}: {ast.unparse(node)[:60]}'
 
 
 def _literal_value(node: ast.AST):
     """The value of a node ``_literal_problem`` accepted (``dict(k=v)`` calls included)."""
     if isinstance(node, ast.Call):
-        return {kw.arg: _literal_value(kw.value) for kw in node.keywords}
+        return {**(_literal_value(node.args[0]) if node.args else {}),
+                **{kw.arg: _literal_value(kw.value) for kw in node.keywords}}
     if isinstance(node, ast.Dict):
         return {_literal_value(k): _literal_value(v) for k, v in zip(node.keys, node.values)}
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
@@ -544,7 +548,8 @@ def load_weights(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkp
     init_ok: List[str] = []
     for prefix, backbone in _columnar_backbones(model):
         part = {k[len(prefix):]: rest.pop(k) for k in list(rest) if k.startswith(prefix)}
-        if not part and prefix and not any(k in target for k in rest):
+        if not part and prefix and not any(k in target for k in rest) and set(
+                backbone.convert_state_dict(dict(rest))) & set(backbone.state_dict()):
             # a backbone (classification, timm, DINO) checkpoint given for a whole model
             part, rest = rest, {}
         if part:

@@ -192,8 +192,9 @@ class CaiT(ColumnarBackbone):
             # drop path is uniform over blocks, so nothing else depends on the depth
             depth=max(self.out_indices) + 1, num_heads=spec.num_heads, init_values=eta,
             drop_path_rate=drop_path_rate, num_classes=0,
-            # any multiple of the patch size (the backbone pads inputs to a multiple of 32)
-            patch_layer=partial(PatchEmbed, strict_img_size=False),
+            # any size: the backbone pads inputs to a multiple of 32, and with pad_input=False
+            # the patch embedding pads to a multiple of the patch size
+            patch_layer=partial(PatchEmbed, strict_img_size=False, dynamic_img_pad=True),
             attn_block=GridTalkingHeadAttn, **kwargs)
 
     # ----------------------------------------------------------------- position embedding
@@ -297,7 +298,7 @@ class CaiT(ColumnarBackbone):
         # timm's Cait.forward_intermediates, with the position embedding resampled to the input's
         # grid and the tokens kept as a (B, h, w, C) grid for windowed attention
         B, _, H, W = x.shape
-        grid = (H // self.patch_size, W // self.patch_size)
+        grid = (-(-H // self.patch_size), -(-W // self.patch_size))
         trunk = self.trunk
         x = trunk.patch_embed(x) + self.pos_embed_for(grid)
         x = trunk.pos_drop(x).reshape(B, grid[0], grid[1], -1)

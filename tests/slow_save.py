@@ -1,0 +1,23 @@
+"""Imported by training processes of test_resume.py (not collected by pytest): the checkpoint
+write whose path contains $SLOW_SAVE_MATCH writes half its bytes, flushes them, creates
+$SLOW_SAVE_MARKER and hangs, so that the test can kill the process in the middle of the write."""
+import os
+import time
+
+from mmengine.fileio.backends import LocalBackend
+
+_put = LocalBackend.put
+
+
+def _slow_put(self, obj: bytes, filepath) -> None:
+    if os.environ.get('SLOW_SAVE_MATCH', '\0') not in str(filepath):
+        return _put(self, obj, filepath)
+    with open(filepath, 'wb') as f:
+        f.write(obj[:len(obj) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+    open(os.environ['SLOW_SAVE_MARKER'], 'w').close()
+    time.sleep(600)
+
+
+LocalBackend.put = _slow_put

@@ -1,0 +1,85 @@
+"""Degenerate inputs and arguments get a clear answer, for every family."""
+import pytest
+import torch
+from mmdet.registry import MODELS
+
+FAMILIES = [('XCiT', 'nano_12_p16'), ('XCiT', 'nano_12_p8'), ('CaiT', 'xxs24')]
+
+
+def _build(family, arch, **kw):
+    return MODELS.build(dict(type=family, arch=arch, **kw))
+
+
+@pytest.fixture(scope='module', params=FAMILIES, ids=lambda f: f'{f[0]}-{f[1]}')
+def backbone(request):
+    return _build(*request.param).eval()
+
+
+@pytest.mark.parametrize('pad_input', [True, False])
+@pytest.mark.parametrize('size', [(64, 96), (70, 100)])
+def test_empty_batch_gives_empty_maps_of_the_right_size(backbone, pad_input, size):
+    backbone.pad_input = pad_input
+    try:
+        with torch.no_grad():
+            want = [o.shape[1:] for o in backbone(torch.randn(1, 3, *size))]
+            got = backbone(torch.randn(0, 3, *size))
+    finally:
+        backbone.pad_input = True
+    assert [o.shape[0] for o in got] == [0] * 4
+    assert [o.shape[1:] for o in got] == want
+
+
+def test_non_finite_input_refused(backbone):
+    x = torch.randn(2, 3, 64, 64)
+    x[1, 2, 10, 10] = float('nan')
+    with pytest.raises(ValueError, match='the input holds 1 NaN or infinite values'):
+        backbone(x)
+
+
+@pytest.mark.parametrize('dtype,match', [
+    (torch.uint8, r'expects float images normalised by the data preprocessor.*got torch.uint8'),
+    (torch.float64, r'input is torch.float64 but the weights are torch.float32: pass '
+                    r'x.to\(torch.float32\)'),
+    (torch.float16, r'input is torch.float16 .*torch.autocast'),
+])
+def test_wrong_dtype_says_what_to_pass(backbone, dtype, match):
+    with pytest.raises(TypeError, match=match):
+        backbone(torch.zeros(1, 3, 64, 64).to(dtype))
+
+
+def test_double_model_takes_double_input():
+    m = _build('XCiT', 'nano_12_p16').double().eval()
+    with torch.no_grad():
+        assert m(torch.randn(1, 3, 64, 64, dtype=torch.float64))[0].dtype == torch.float64
+
+
+def test_cait_attention_that_cannot_fit_is_refused_before_allocating():
+    m = _build('CaiT', 'xxs24', fast_forward=False).eval()  # timm's attention: N x N maps
+    with pytest.raises(MemoryError, match=r'\(500x500 patches\) needs at least .* GiB .*'
+                                          r'window_size=14'):
+        with torch.no_grad():
+            m(torch.zeros(1, 3, 8000, 8000))
+    m.train()
+    with pytest.raises(MemoryError, match='with_cp=True'):
+        m(torch.zeros(1, 3, 1600, 1600))  # training keeps 24 global 10,000 x 10,000 maps
+    windowed = _build('CaiT', 'xxs24', window_size=14, global_blocks=[23])
+    assert windowed._activation_bytes(1, (100, 100), 4, torch.device('cpu')) < \
+        m._activation_bytes(1, (100, 100), 4, torch.device('cpu')) / 10
+
+
+@pytest.mark.parametrize('family,arch', [('XCiT', 'nano_12_p16'), ('CaiT', 'xxs24')])
+@pytest.mark.parametrize('kwargs,error,match', [
+    (dict(out_indices=5), TypeError, r'out_indices must be a sequence .* e.g. \(3, 5, 7, 11\); got 5'),
+    (dict(out_indices=[1.5, 2, 3, 4]), TypeError, 'out_indices must be a sequence'),
+    (dict(frozen_stages='all'), TypeError, r"frozen_stages must be an int.*got 'all'"),
+    (dict(norm_cfg='BN'), TypeError, r"norm_cfg must be a dict with a 'type', e.g. "
+                                     r"dict\(type='BN'"),
+    (dict(norm_cfg=dict(type='GN')), ValueError, r"needs num_groups, e.g. dict\(type='GN', "
+                                                 r'num_groups=32\)'),
+    (dict(norm_cfg=dict(type='GN', num_groups=7)), ValueError, 'cannot build norm layers'),
+    (dict(drop_path_rate=2.0), ValueError, r'drop_path_rate must be a number in \[0, 1\)'),
+    (dict(drop_path_rate='0.1'), ValueError, 'drop_path_rate must be a number'),
+])
+def test_bad_arguments_say_what_to_pass(family, arch, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        _build(family, arch, **kwargs)

@@ -50,8 +50,8 @@ def _cfg(path, **backbone):
 
 def _build(cfg):
     from mmdet.registry import MODELS as DET
-    from mmseg.registry import MODELS as SEG
     from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS as SEG
     init_default_scope(cfg.default_scope)
     return (DET if cfg.default_scope == 'mmdet' else SEG).build(cfg.model)
 

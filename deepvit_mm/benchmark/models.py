@@ -79,7 +79,7 @@ def build_from_config(cfg, cfg_options: Optional[dict] = None) -> Tuple[nn.Modul
         ``'seg'``.
     """
     from mmengine.model.utils import revert_sync_batchnorm
-    from mmengine.registry import init_default_scope
+    from mmengine.registry import DefaultScope
 
     from ..engine import task_of
     if isinstance(cfg, str):
@@ -92,9 +92,10 @@ def build_from_config(cfg, cfg_options: Optional[dict] = None) -> Tuple[nn.Modul
         from mmdet.registry import MODELS
         from mmdet.utils import register_all_modules
     register_all_modules(init_default_scope=False)
-    init_default_scope(cfg.get('default_scope', 'mmdet'))
-    model = revert_sync_batchnorm(MODELS.build(cfg.model))
-    model.init_weights()
+    # the config's scope while building only: the caller's default scope stays as it was
+    with DefaultScope.overwrite_default_scope(cfg.get('default_scope', 'mmdet')):
+        model = revert_sync_batchnorm(MODELS.build(cfg.model))
+        model.init_weights()
     return model, task
 
 

@@ -1,97 +1,153 @@
-"""tools/benchmark.py: quick mode end to end, the timm comparison, the memory method, config
-models and the mIoU of a checkpoint. Speed itself is measured by the tool, never asserted here."""
+"""The measurement harness (deepvit_mm.benchmark) and the three tools that call it.
+
+Speed is measured by the tools, never asserted here: the tests check what each number is made of
+(which call was timed, what memory was counted, which rows a report gets)."""
 import csv
 import importlib.util
+import json
+import math
 import os
 import shlex
-import subprocess
-import sys
 
+import numpy as np
 import pytest
 import torch
 
 from deepvit_mm import benchmark as bm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location('benchmark_tool',
-                                               os.path.join(ROOT, 'tools', 'benchmark.py'))
-tool = importlib.util.module_from_spec(_spec)  # tools/benchmark.py, without touching sys.path
-_spec.loader.exec_module(tool)
-
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 DEMO_DET = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
+SMALL_DET = {'model.backbone.arch': 'nano_12_p16'}  # the demo detector, cheaper
+LINUX = os.path.exists('/proc/self/clear_refs')
 
 
-def test_quick_mode_writes_table_csv_plot_and_a_reproducing_command(tmp_path, capsys):
-    out = tmp_path / 'bench'
-    tool.main(['--quick', '--sizes', '64', '--out-dir', str(out)])
-    printed = capsys.readouterr().out
-    with open(out / 'benchmark.csv') as f:
-        rows = list(csv.DictReader(f))
-    assert [(r['label'], r['size'], r['dtype'], r['mode']) for r in rows] == [
-        ('nano_12_p16', '64x64', d, m) for d in ('fp32', 'bf16') for m in ('fwd', 'train')]
-    for r in rows:
-        assert not r['error']
-        assert float(r['latency_ms']) > 0 and float(r['throughput']) > 0 and float(r['cpu_ms']) > 0
-        assert float(r['peak_mem_mib']) > 0  # activations at least
-        assert r['repeats'] == '1'
-    assert os.path.getsize(out / 'benchmark.png') > 1000
-    md = (out / 'benchmark.md').read_text()
-    assert md.count('| nano_12_p16 | 64x64 |') == 4 and 'load_avg' in md
-    # the printed command spells out every setting and parses back to the same run
-    (line,) = {ln for ln in printed.splitlines() if ln.startswith('reproduce with: ')}
-    cmd = shlex.split(line[len('reproduce with: '):])
-    assert cmd[:2] == ['python', 'tools/benchmark.py'] and '--quick' not in cmd
-    again = tool.parse_args(cmd[2:])
-    first = tool.parse_args(['--quick', '--sizes', '64', '--out-dir', str(out)])
-    for key in ('arch', 'config', 'sizes', 'batch', 'dtypes', 'passes', 'warmup', 'repeats',
-                'out_dir', 'compare_timm', 'compare_only', 'checkpoint'):
-        assert getattr(again, key) == getattr(first, key), key
-    assert f'Reproduce: `{line[len("reproduce with: "):]}`' in md
+def _tool(name):
+    """tools/<name>.py as a module, without touching sys.path."""
+    spec = importlib.util.spec_from_file_location(f'{name}_tool',
+                                                  os.path.join(ROOT, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_compare_with_timm_same_outputs_and_ratios():
-    # forced on: at this size 'auto' would run timm's own forward
-    res = bm.compare_with_timm('nano_12_p16', (64, 96), warmup=0, repeats=1, memory=False,
-                               modes=bm.COMPARE_MODES[:3], backbone_kwargs=dict(fast_forward=True))
-    assert res['fast_forward'] is True
-    assert 0 < res['max_rel_err'] < 1e-5  # the same function as timm's, computed differently
-    assert res['bf16_max_rel_err'] < 2e-2
-    assert 'train_bf16' not in res
-    for key in ('fwd_fp32', 'fwd_bf16', 'train_fp32'):
-        v = res[key]
-        assert v['ours_ms'] > 0 and v['timm_ms'] > 0
-        assert v['ratio'] == pytest.approx(v['ours_ms'] / v['timm_ms'])
+# --------------------------------------------------------------------------------------------
+# isolation and peak memory
+# --------------------------------------------------------------------------------------------
+def _allocate(mib: int):
+    """In a fresh process: the peak memory of a call that touches ``mib`` MiB and frees them."""
+    def run():
+        if mib:
+            torch.ones(mib * 2 ** 20 // 4).add_(1)
+    return bm.peak_memory(run, 'cpu')
 
 
-def test_timm_baseline_shares_the_adapter_and_copies_the_trunk():
-    from deepvit_mm import XCiT
-    ours = XCiT('nano_12_p8')
-    base = bm.TimmBaseline(ours)
-    assert base.adapter is ours.adapter
-    timm_sd = base.timm_model.state_dict()
-    for k, v in ours.trunk.state_dict().items():
-        assert torch.equal(timm_sd[k], v), k
+def _fail(message):
+    raise KeyError(message)
 
 
-@pytest.mark.skipif(not os.path.exists('/proc/self/statm'), reason='Linux /proc')
-def test_cpu_peak_memory_sees_an_allocation():
-    # The method is meant for a fresh process, as the benchmark runs every measurement: in a
-    # long-lived one (this test session) memory freed by earlier tests can be reused without
-    # raising the resident peak, so the check runs in a new interpreter.
-    code = ('import sys, torch; sys.path.insert(0, sys.argv[1]); '
-            'from deepvit_mm import benchmark as bm\n'
-            'def run():\n'
-            '    x = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB, freed when run() returns\n'
-            '    x.add_(1)\n'
-            "mib, method = bm._peak_memory(run, 'cpu')\n"
-            "print(f'{mib}|{method}')")
-    out = subprocess.run([sys.executable, '-c', code, ROOT], capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    mib, method = out.stdout.strip().splitlines()[-1].split('|', 1)
-    assert 48 < float(mib) < 160, (mib, method)
-    assert method.startswith('VmHWM')
+def _sleep(seconds):
+    import time
+    time.sleep(seconds)
+
+
+@pytest.mark.skipif(not LINUX, reason='Linux /proc')
+def test_cpu_peak_memory_sees_a_known_allocation_and_nothing_else():
+    growth, method, absolute = bm.run_isolated(_allocate, 200)
+    assert 195 <= growth < 260, growth
+    assert method == 'VmHWM - VmRSS (fresh process)'
+    assert absolute['peak'] - absolute['before'] == pytest.approx(growth)
+    idle, _, _ = bm.run_isolated(_allocate, 0)
+    assert idle < 10, idle
+
+
+def test_tensor_peak_counts_the_tensors_of_a_call():
+    def run():
+        a = torch.ones(16 * 2 ** 20 // 4)  # 16 MiB
+        b = torch.ones(32 * 2 ** 20 // 4)  # + 32 MiB alive together
+        del a, b
+        torch.ones(8 * 2 ** 20 // 4)  # 8 MiB after both were freed: not a new peak
+    assert bm.tensor_peak(run) == pytest.approx(48, abs=0.5)
+
+
+def test_isolated_failures_raise_with_the_reason():
+    with pytest.raises(bm.IsolatedError, match="KeyError: 'no such thing'"):
+        bm.run_isolated(_fail, 'no such thing')
+    with pytest.raises(bm.IsolatedError, match='timed out after 0.5 s'):
+        bm.run_isolated(_sleep, 60, timeout=0.5)
+
+
+def test_failures_come_back_as_rows():
+    res = bm.measure_isolated(bm.Case('nano_12_p16', (8, 8), repeats=0))  # below one patch
+    assert 'smaller than one 16x16 patch' in res['error'] and res['label'] == 'nano_12_p16'
+
+
+# --------------------------------------------------------------------------------------------
+# models and synthetic batches
+# --------------------------------------------------------------------------------------------
+def test_backbones_are_built_by_family_through_the_registry():
+    assert bm.backbone_family('xcit_nano_12_p16_224').__name__ == 'XCiT'
+    assert bm.backbone_family('xxs24').__name__ == 'CaiT'
+    cait = bm.build_backbone('xxs24', out_indices=(0, 1, 2, 3), window_size=2)
+    assert (type(cait).__name__, len(cait.trunk.blocks), cait.window_size) == ('CaiT', 4, 2)
+    with pytest.raises(ValueError, match='no backbone family knows arch'):
+        bm.backbone_family('resnet50')
+
+
+@pytest.mark.parametrize('config,cfg_options,size,padded', [
+    (DEMO_SEG, None, (64, 80), (64, 80)),  # test-mode preprocessing: no padding to the crop
+    (DEMO_DET, SMALL_DET, (64, 80), (64, 96)),  # mmdet pads to its size divisor (32)
+])
+def test_synthetic_batch_goes_through_a_models_forward_and_loss(config, cfg_options, size,
+                                                                padded):
+    from mmengine.registry import DefaultScope
+    scope = DefaultScope.get_current_instance()
+    model, task = bm.build_from_config(config, cfg_options)
+    assert DefaultScope.get_current_instance() is scope  # built without changing the scope
+    inputs, samples = bm.synthetic_batch(model, task, size, batch=2)
+    assert inputs.shape == (2, 3, *padded) and inputs.dtype == torch.float32
+    assert len(samples) == 2 and samples[0].metainfo['img_shape'] == size
+    model.train()
+    total, log_vars = model.parse_losses(model(inputs, samples, mode='loss'))
+    assert torch.isfinite(total) and len(log_vars) > 2  # several heads' losses
+    total.backward()
+    model.eval()
+    with torch.no_grad():
+        out = model(inputs, samples, mode='tensor')
+    assert out is not None
+
+
+def test_backbone_input_is_reproducible():
+    a, b = bm.backbone_input((32, 48), 2, seed=3), bm.backbone_input((32, 48), 2, seed=3)
+    assert a.shape == (2, 3, 32, 48) and torch.equal(a, b)
+    assert not torch.equal(a, bm.backbone_input((32, 48), 2, seed=4))
+
+
+# --------------------------------------------------------------------------------------------
+# one measurement
+# --------------------------------------------------------------------------------------------
+def test_measure_times_the_first_call_when_no_warmup_and_restores_threads():
+    threads = torch.get_num_threads()
+    res = bm.measure(bm.Case('nano_12_p16', (64, 64), mode='train', threads=1, warmup=0,
+                             repeats=2))
+    assert torch.get_num_threads() == threads
+    assert res['threads'] == 1
+    assert len(res['latencies_ms']) == 2 and res['latencies_ms'][0] == res['first_call_ms']
+    assert res['latency_ms'] == pytest.approx(sum(res['latencies_ms']) / 2)
+    assert res['throughput'] == pytest.approx(1e3 / res['latency_ms'])
+    assert res['info']['blocks'] == 12 and res['info']['tokens'] == 16  # 64 / 16 = 4 a side
+    warm = bm.measure(bm.Case('nano_12_p16', (64, 64), warmup=2, repeats=1), memory=False)
+    assert len(warm['latencies_ms']) == 1 and warm['first_call_ms'] is None
+
+
+@pytest.mark.parametrize('config,mode', [(DEMO_SEG, 'train'), (DEMO_DET, 'fwd')])
+def test_config_models(config, mode):
+    res = bm.measure(bm.Case(config, (64, 96), mode=mode, warmup=0, repeats=1,
+                             cfg_options=SMALL_DET if config == DEMO_DET else {}),
+                     memory=False)
+    assert res['label'] == os.path.basename(config)[:-3]
+    assert res['info']['task'] == ('seg' if config == DEMO_SEG else 'det')
+    assert len(res['latencies_ms']) == 1 and res['peak_mem_mib'] is None
 
 
 def test_parse_size_and_bad_cases():
@@ -102,40 +158,245 @@ def test_parse_size_and_bad_cases():
             bm.parse_size(bad)
     with pytest.raises(ValueError, match='dtype'):
         bm.Case('nano_12_p16', (64, 64), dtype='fp16')
-    with pytest.raises(ValueError, match='timm baseline'):
+    with pytest.raises(ValueError, match='baseline exists for backbone archs'):
         bm.Case(DEMO_SEG, (64, 64), impl='timm')
-    with pytest.raises(SystemExit):
-        tool.parse_args(['--checkpoint', 'x.pth'])  # needs --config
+    with pytest.raises(ValueError, match='impl'):
+        bm.Case('nano_12_p16', (64, 64), impl='torch')
 
 
-def test_failures_come_back_as_rows():
-    res = bm.measure_isolated(bm.Case('nano_12_p16', (8, 8), repeats=0))  # below one patch
-    assert 'smaller than one 16x16 patch' in res['error']
+# --------------------------------------------------------------------------------------------
+# baselines and the interleaved comparison
+# --------------------------------------------------------------------------------------------
+def test_timm_baseline_shares_the_adapter_and_copies_the_trunk():
+    ours = bm.build_backbone('nano_12_p8')
+    base = bm.TimmBaseline(ours, (64, 64))
+    assert base.adapter is ours.adapter
+    timm_sd = base.timm_model.state_dict()
+    for k, v in ours.trunk.state_dict().items():
+        assert torch.equal(timm_sd[k], v), k
 
 
-@pytest.mark.parametrize('config,mode', [(DEMO_SEG, 'train'), (DEMO_DET, 'fwd')])
-def test_config_models(config, mode):
-    res = bm.measure(bm.Case(config, (64, 96), mode=mode, warmup=0, repeats=1), memory=False)
-    assert res['latency_ms'] > 0 and res['label'] == os.path.basename(config)[:-3]
+def test_cait_timm_baseline_runs_at_the_input_grid_with_our_embedding():
+    ours = bm.build_backbone('xxs24', out_indices=(0, 1, 2, 3)).eval()
+    base = bm.TimmBaseline(ours, (64, 80)).eval()  # padded to 64x96: a 4x6 grid, not 14x14
+    assert base.timm_model.pos_embed.shape == (1, 24, 192)
+    with torch.no_grad():
+        assert torch.equal(base.timm_model.pos_embed, ours.pos_embed_for((4, 6)))
+    with pytest.raises(ValueError, match='global attention only'):
+        bm.TimmBaseline(bm.build_backbone('xxs24', out_indices=(0, 1, 2, 3), window_size=2),
+                        (64, 64))
 
 
-def test_miou_of_a_checkpoint(tmp_path):
+@pytest.mark.parametrize('arch,kwargs,err', [
+    # forced on: at this size 'auto' would run timm's own forward; the same function computed
+    # differently, so equal to float rounding and not bit for bit
+    ('nano_12_p16', dict(fast_forward=True), (1e-9, 1e-5)),
+    ('xxs24', dict(out_indices=(0, 1, 2, 3)), (0, 1e-5)),
+])
+def test_compare_same_outputs_and_ratios(arch, kwargs, err):
+    res = bm.compare(arch, (64, 96), warmup=0, repeats=1, memory=False,
+                     modes=bm.COMPARE_MODES[:3], backbone_kwargs=kwargs,
+                     baselines=('timm', 'floor'))
+    assert err[0] <= res['max_rel_err'] < err[1]
+    assert res['bf16_max_rel_err'] < 2e-2
+    assert 'train_bf16' not in res and 'floor_max_rel_err' not in res  # the floor is not a model
+    for key in ('fwd_fp32', 'fwd_bf16', 'train_fp32'):
+        v = res[key]
+        assert v['ratio'] == pytest.approx(v['ours_ms'] / v['timm_ms'])
+        assert v['ratio_floor'] == pytest.approx(v['ours_ms'] / v['floor_ms'])
+
+
+def test_gemm_floor_has_the_block_gemms_of_the_model():
+    ours = bm.build_backbone('nano_12_p16', out_indices=(1, 3, 5, 7))  # 8 blocks, C = 128
+    floor = bm.GemmFloor(ours, (64, 80), batch=2)  # padded 64x96: 4x6 = 24 tokens per image
+    assert floor.tokens == 48 and floor.blocks == 8
+    assert floor.multiply_adds == 8 * 12 * 48 * 128 ** 2
+    acc, last = floor(bm.backbone_input((64, 80), 2))
+    (acc + last.mean()).backward()
+    assert all(w.grad is not None and w.grad.abs().sum() > 0 for w in floor.weights)
+
+
+# --------------------------------------------------------------------------------------------
+# reports
+# --------------------------------------------------------------------------------------------
+def _row(mode, latency, peak, **kw):
+    return dict(label='m', model='m', size=(64, 96), batch=1, dtype='fp32', mode=mode,
+                impl='ours', device='cpu', threads=1, warmup=1, repeats=3, latency_ms=latency,
+                latency_min_ms=latency - 1, throughput=1e3 / latency, cpu_ms=latency,
+                peak_mem_mib=peak, mem_method='VmHWM - VmRSS (fresh process)',
+                first_call_ms=2 * latency, **kw)
+
+
+def test_write_report_rows_tables_and_files(tmp_path):
+    rows = [_row('fwd', 10.0, 20.0), _row('train', 30.0, 50.0),
+            dict(label='m', model='m', size=(128, 128), batch=1, dtype='bf16', mode='fwd',
+                 error='killed')]
+    cmp = [dict(label='a', size=(64, 64), batch=1, baselines=['timm', 'floor'],
+                max_rel_err=1e-7, fwd_fp32=dict(ours_ms=8.0, timm_ms=10.0, floor_ms=2.0,
+                                                ratio=0.8, ratio_floor=4.0, ours_mem_mib=5.0,
+                                                timm_mem_mib=6.0))]
+    paths = bm.write_report(str(tmp_path), rows, cmp, {'mIoU': 12.3456}, 'python x', {'k': 'v'})
+    with open(paths['csv']) as f:
+        got = list(csv.DictReader(f))
+    assert [(r['size'], r['mode'], r['latency_ms'], r['peak_mem_mib'], r['error']) for r in got] \
+        == [('64x96', 'fwd', '10.0', '20.0', ''), ('64x96', 'train', '30.0', '50.0', ''),
+            ('128x128', 'fwd', '', '', 'killed')]
+    with open(paths['compare_csv']) as f:
+        (c,) = list(csv.DictReader(f))
+    assert (c['pass'], c['ratio'], c['floor_ms'], c['ratio_floor'], c['max_rel_err_bf16']) == \
+        ('fwd_fp32', '0.8', '2.0', '4.0', '')
+    md = open(paths['md']).read().splitlines()
+    assert '| m | 64x96 | 1 | fp32 | train | 30.0 | 29.0 | 33.33 | 30.0 | 50 | 60.0 |' in md
+    assert '| m | 128x128 | 1 | bf16 | fwd | failed: killed |  |  |  |  |  |' in md
+    assert ('| a | 64x64 | 1 | 8.0 / 10.0 | 0.800 | 2.0 | 4.000 | – | – | – | – | – | – | – | – '
+            '| – | – | – | – | 5 / 6; –; –; – | 1.00e-07 (–) |') in md
+    assert '| mIoU | 12.35 |' in md and 'Reproduce: `python x`' in md
+    assert os.path.getsize(paths['png']) > 1000
+
+
+def test_write_report_without_measurements_writes_no_csv(tmp_path):
+    paths = bm.write_report(str(tmp_path), [], [], None, 'python x', {})
+    assert set(paths) == {'md'} and sorted(os.listdir(tmp_path)) == ['benchmark.md']
+
+
+def test_cait_variant_table():
+    result = dict(model='xxs24', size=(64, 64), batch=1, device='cpu', threads=1,
+                  info=dict(window_size=2, global_blocks=[3], blocks=4, with_cp=True, tokens=16),
+                  mem_before_mib=1024.0, mem_peak_mib=1536.0, peak_mem_mib=512.0,
+                  tensor_peak_mib=256.0, latency_ms=1500.0, cpu_ms=1200.0,
+                  latencies_ms=[1500.0])
+    row = bm.cait_variant_row('window+cp', result)
+    assert (row['peak_gb'], row['base_gb'], row['added_gb'], row['tensor_peak_gb']) == \
+        (1.5, 1.0, 0.5, 0.25)
+    assert (row['seconds'], row['all_seconds'], row['status']) == (1.5, [1.5], 'ok')
+    failed = bm.cait_variant_row('global', dict(result, error='MemoryError: x'))
+    lines = bm.cait_variants_markdown([row, failed], 'xxs24', 1, (64, 64), 'cpu').splitlines()
+    assert lines[0] == 'CaiT-xxs24, 1x3x64x64, forward + backward, cpu, 1 threads'
+    assert lines[3] == '| window+cp | 3 | 4 | 1.50 | 1.00 | 0.50 | 0.25 | 1.50 | 1.20 | ok |'
+    assert lines[4] == '| global | 3 | 4 | - | - | - | - | - | - | failed: MemoryError: x |'
+
+
+# --------------------------------------------------------------------------------------------
+# the tools, end to end on tiny settings
+# --------------------------------------------------------------------------------------------
+def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
+    tool = _tool('benchmark')
+    out = tmp_path / 'bench'
+    argv = ['--quick', '--sizes', '64', '--dtypes', 'fp32', '--out-dir', str(out)]
+    tool.main(argv)
+    printed = capsys.readouterr().out
+    with open(out / 'benchmark.csv') as f:
+        rows = list(csv.DictReader(f))
+    assert [(r['label'], r['size'], r['dtype'], r['mode'], r['repeats'], r['error'])
+            for r in rows] == [('nano_12_p16', '64x64', 'fp32', m, '1', '') for m in
+                               ('fwd', 'train')]
+    for r in rows:  # --quick: no warm-up, one repeat: the timed call is the first call
+        assert r['latency_ms'] == r['first_call_ms'] == r['latency_min_ms']
+        assert r['mem_method'].startswith('VmHWM' if LINUX else 'ru_maxrss')
+    md = (out / 'benchmark.md').read_text()
+    assert md.count('| nano_12_p16 | 64x64 |') == 2 and 'load_avg' in md
+    # the printed command spells out every setting and parses back to the same run
+    (line,) = {ln for ln in printed.splitlines() if ln.startswith('reproduce with: ')}
+    cmd = shlex.split(line[len('reproduce with: '):])
+    assert cmd[:2] == ['python', 'tools/benchmark.py'] and '--quick' not in cmd
+    again, first = tool.parse_args(cmd[2:]), tool.parse_args(argv)
+    for key in ('arch', 'config', 'sizes', 'batch', 'dtypes', 'passes', 'warmup', 'repeats',
+                'out_dir', 'compare_timm', 'compare_floor', 'compare_only', 'checkpoint'):
+        assert getattr(again, key) == getattr(first, key), key
+    assert f'Reproduce: `{line[len("reproduce with: "):]}`' in md
+
+
+def test_benchmark_tool_compare_only_for_cait(tmp_path):
+    tool = _tool('benchmark')
+    tool.main(['--arch', 'xxs24', '--sizes', '64', '--dtypes', 'fp32', '--passes', 'fwd',
+               '--warmup', '0', '--repeats', '1', '--compare-timm', '--compare-floor',
+               '--compare-only', '--cfg-options', 'out_indices=(0,1,2,3)',
+               '--out-dir', str(tmp_path)])
+    assert not (tmp_path / 'benchmark.csv').exists()  # --compare-only: no per-model table
+    with open(tmp_path / 'compare.csv') as f:
+        (row,) = list(csv.DictReader(f))
+    assert (row['label'], row['pass']) == ('xxs24', 'fwd_fp32')
+    assert float(row['max_rel_err_fp32']) < 1e-5
+    assert float(row['ratio_floor']) == pytest.approx(float(row['ours_ms']) / float(row['floor_ms']))
+    assert float(row['ours_mem_mib']) > 0 and row['timm_mem_mib']  # measured, isolated
+
+
+def test_benchmark_tool_option_errors():
+    tool = _tool('benchmark')
+    for argv in (['--checkpoint', 'x.pth'], ['--compare-only'], ['--compare-floor'],
+                 ['--config', DEMO_SEG, '--compare-timm']):
+        with pytest.raises(SystemExit):
+            tool.parse_args(argv)
+
+
+def test_memory_train_step_tool_both_settings_in_fresh_processes(capsys):
+    tool = _tool('memory_train_step')
+    tool.main([DEMO_DET, '--height', '64', '--width', '96', '--num-objects', '2',
+               '--cfg-options', 'model.backbone.arch=nano_12_p16'])
+    off, on = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (off['with_cp'], on['with_cp']) == (False, True)
+    assert (on['height'], on['width']) == (64, 96)
+    # the same seed: checkpointing recomputes, it does not change the loss
+    assert math.isfinite(on['loss']) and on['loss'] == pytest.approx(off['loss'], rel=1e-5)
+    for r in (off, on):
+        assert 0 < r['before_step_mib'] < r['peak_rss_mib']
+        assert r['step_peak_mib'] == pytest.approx(r['peak_rss_mib'] - r['before_step_mib'],
+                                                   abs=0.2)
+
+
+def test_benchmark_memory_tool_cait_variants(tmp_path, capsys):
+    tool = _tool('benchmark_memory')
+    out = tmp_path / 'rows.json'
+    tool.main(['--arch', 'xxs24', '--size', '64', '80', '--variants', 'global', 'window+cp',
+               '--window-size', '2', '--out-indices', '0', '1', '2', '3', '--global-blocks', '3',
+               '--threads', '1', '--warmup', '0', '--repeat', '1', '--json', str(out)])
+    rows = json.loads(out.read_text())
+    assert [(r['variant'], r['blocks'], r['window_size'], r['global_blocks'], r['with_cp'],
+             r['tokens'], r['status']) for r in rows] == [
+        ('global', 4, 0, [0, 1, 2, 3], False, 24, 'ok'),
+        ('window+cp', 4, 2, [3], True, 24, 'ok')]
+    for r in rows:
+        assert r['added_gb'] == pytest.approx(r['peak_gb'] - r['base_gb'], abs=0.011)
+        assert r['all_seconds'] == [r['seconds']]
+    table = capsys.readouterr().out
+    assert '| global | all | 4 |' in table and '| window+cp | 3 | 4 |' in table
+
+
+# --------------------------------------------------------------------------------------------
+# a checkpoint's metrics: tools/test.py's evaluation
+# --------------------------------------------------------------------------------------------
+def test_evaluate_checkpoint_gives_the_miou_of_a_known_prediction(tmp_path):
+    """A segmentor that predicts the first class everywhere: its mIoU and aAcc follow from the
+    label maps alone."""
     from mmengine.config import Config
-    from mmengine.model.utils import revert_sync_batchnorm
-    from mmengine.registry import init_default_scope
-    from mmseg.registry import MODELS
+    from mmengine.registry import DefaultScope
+    from mmseg.registry import DATASETS
 
     from deepvit_mm.datasets import make_ade_demo
     data = tmp_path / 'ade'
     make_ade_demo(str(data), num_train=1, num_val=2, size=128, seed=5)
-    init_default_scope('mmseg')
-    model = revert_sync_batchnorm(MODELS.build(Config.fromfile(DEMO_SEG).model))
+    model, _ = bm.build_from_config(DEMO_SEG)
+    conv = model.decode_head.conv_seg
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.bias.copy_(torch.tensor([5.0, 0, 0, 0, 0]))
     ckpt = tmp_path / 'model.pth'
     torch.save(dict(state_dict=model.state_dict(), meta=dict()), ckpt)
-    metrics = bm.evaluate_checkpoint(
-        DEMO_SEG, str(ckpt), str(tmp_path / 'work'),
-        {'test_dataloader.dataset.data_root': str(data), 'test_dataloader.num_workers': 0,
-         'test_dataloader.persistent_workers': False})
-    assert 0.0 <= metrics['mIoU'] <= 100.0 and 'aAcc' in metrics
-    with pytest.raises(ValueError, match='needs an mmseg config'):
-        bm.evaluate_checkpoint(DEMO_DET, str(ckpt), str(tmp_path / 'work2'))
+    options = {'test_dataloader.dataset.data_root': str(data), 'test_dataloader.num_workers': 0,
+               'test_dataloader.persistent_workers': False}
+    metrics = bm.evaluate_checkpoint(DEMO_SEG, str(ckpt), str(tmp_path / 'work'), options)
+
+    cfg = Config.fromfile(DEMO_SEG)
+    cfg.merge_from_dict(options)
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        dataset = DATASETS.build(cfg.test_dataloader.dataset)
+    gt = np.concatenate([dataset[i]['data_samples'].gt_sem_seg.data.numpy().ravel()
+                         for i in range(len(dataset))])
+    gt = gt[gt != 255]
+    counts = np.bincount(gt, minlength=5)
+    # IoU of class 0: its pixels over all valid pixels; the others present: 0; absent: left out
+    ious = [counts[0] / len(gt)] + [0.0] * int((counts[1:] > 0).sum())
+    assert metrics['aAcc'] == pytest.approx(100 * counts[0] / len(gt), abs=0.01)
+    assert metrics['mIoU'] == pytest.approx(100 * np.mean(ious), abs=0.01)
+    with pytest.raises(FileNotFoundError, match='checkpoint not found'):
+        bm.evaluate_checkpoint(DEMO_SEG, str(tmp_path / 'missing.pth'), str(tmp_path / 'w'))

@@ -1,22 +1,25 @@
-"""Latency, throughput and peak memory of XCiT backbones or whole models (fp32 / bf16, inference
-and training passes) over input sizes; optionally against timm's own forward, and the mIoU of a
-checkpoint. Writes benchmark.md (tables), benchmark.csv (one row per measurement; compare.csv with
---compare-timm) and benchmark.png (latency and peak memory vs input resolution) into --out-dir and
-prints the command line that reproduces them, every setting spelled out.
+"""Latency, throughput and peak memory of XCiT or CaiT backbones or whole models (fp32 / bf16,
+inference and training passes) over input sizes; optionally against timm's own forward (and the
+GEMM floor), and the metrics (mIoU) of a checkpoint. Writes benchmark.md (tables), benchmark.csv
+(one row per measurement; compare.csv with --compare-timm) and benchmark.png (latency and peak
+memory vs input resolution) into --out-dir and prints the command line that reproduces them,
+every setting spelled out.
 
 Examples:
   python tools/benchmark.py --arch small_12_p8 small_12_p16 --sizes 512 1024
   python tools/benchmark.py --arch small_12_p8 --sizes 800x1344 --compare-timm
+  python tools/benchmark.py --arch xxs24 --sizes 224 --compare-timm --compare-floor --compare-only
   python tools/benchmark.py --config configs/upernet_xcit_s12_8_160k_ade20k.py --sizes 512 \\
       --checkpoint upernet_xcit_small_12_p8.pth       # + mIoU on ADE20k val (single-scale)
   python tools/benchmark.py --quick                   # tiny model and sizes, one repeat
 
-How it measures (details in deepvit_mm/benchmark.py): latency is the median of --repeats timed
-calls after --warmup calls; throughput = batch / latency. Every measurement runs in a fresh
-process (CPU: forked from a clean fork server; CUDA: spawned); its first call gives the peak
-memory: on CPU the peak resident set minus the resident set before the call (Linux: kernel
-high-water mark reset just before it), on CUDA torch.cuda.max_memory_allocated minus the memory
-allocated before it.
+How it measures (docs/benchmark.md; the harness is deepvit_mm/benchmark/): latency is the median
+of --repeats timed calls after --warmup calls (the first call measures memory and counts as a
+warm-up call; with --warmup 0 it is the first timed call); throughput = batch / latency. Every
+measurement runs in a fresh process (CPU: forked from a clean fork server; CUDA: spawned); its
+first call gives the peak memory: on CPU the peak resident set minus the resident set before the
+call (Linux: kernel high-water mark reset just before it), on CUDA torch.cuda.max_memory_allocated
+minus the memory allocated before it.
 'fwd' = inference (eval, no autograd), 'train' = forward + backward (no optimizer step);
 'bf16' = torch.autocast(bfloat16) on CPU or CUDA. Also reported: the first (cold) call's time and
 the CPU time of the process per call. On a shared machine, note the load average the report
@@ -25,6 +28,7 @@ close to what an idle core takes (with more threads it also counts threads spinn
 wait for each other).
 """
 import argparse
+import functools
 import os
 import shlex
 import sys
@@ -41,9 +45,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--arch', nargs='+', metavar='ARCH',
-                   help='XCiT backbones (trunk + pyramid adapter), short or timm names, e.g. '
-                        f'small_12_p8 xcit_small_12_p16_224 (default: {DEFAULTS["arch"][0]} '
-                        'unless --config is given; --quick: nano_12_p16)')
+                   help='backbones (trunk + pyramid adapter): XCiT or CaiT archs, short or timm '
+                        'names, e.g. small_12_p8 xcit_small_12_p16_224 xxs24 (default: '
+                        f'{DEFAULTS["arch"][0]} unless --config is given; --quick: nano_12_p16)')
     p.add_argument('--config', help='an mmseg/mmdet config: benchmark its whole model (random '
                                     'weights; SyncBN -> BN); with --checkpoint also its mIoU')
     p.add_argument('--sizes', nargs='+', metavar='SIZE',
@@ -67,14 +71,18 @@ def parse_args(argv=None):
                         'same adapter, interleaved in one process: ours/timm ratios for eval fwd '
                         'and the train step in each of --dtypes (as --passes asks), '
                         'peak memory of both, and the max relative error between their outputs')
+    p.add_argument('--compare-floor', action='store_true',
+                   help="with --compare-timm: also time the standard model's block GEMMs as "
+                        'plain torch.mm on the same shapes, interleaved with the models '
+                        '(the "ours / floor" columns)')
     p.add_argument('--compare-only', action='store_true',
                    help='with --compare-timm: only the comparison, not the per-model table')
     p.add_argument('--checkpoint', help='with --config: evaluate this checkpoint on the '
-                                        "config's test set (ADE20k val, single-scale) and "
-                                        'report mIoU (mmengine Runner.test)')
+                                        "config's test set as tools/test.py does (ADE20k val, "
+                                        'single-scale: mIoU; COCO: mAP) and report its metrics')
     p.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
                    help='override --config entries, e.g. test_dataloader.dataset.data_root=DIR; '
-                        'with --arch: XCiT arguments, e.g. fast_forward=True')
+                        'with --arch: backbone arguments, e.g. fast_forward=True')
     p.add_argument('--timeout', type=float, default=None,
                    help='give up on one measurement after this many seconds (default: none)')
     p.add_argument('--out-dir', default='work_dirs/benchmark',
@@ -96,6 +104,8 @@ def parse_args(argv=None):
         p.error('--compare-timm compares backbones: give --arch')
     if args.compare_only and not args.compare_timm:
         p.error('--compare-only goes with --compare-timm')
+    if args.compare_floor and not args.compare_timm:
+        p.error('--compare-floor goes with --compare-timm')
     if args.batch < 1 or args.repeats < 0 or args.warmup < 0:
         p.error('--batch must be >= 1, --repeats and --warmup >= 0')
     return args
@@ -113,6 +123,8 @@ def command_line(args) -> str:
               '--warmup', str(args.warmup), '--repeats', str(args.repeats)]
     if args.compare_timm:
         parts.append('--compare-timm')
+    if args.compare_floor:
+        parts.append('--compare-floor')
     if args.compare_only:
         parts.append('--compare-only')
     if args.checkpoint:
@@ -138,34 +150,19 @@ def main(argv=None):
     command = command_line(args)
     print(f'reproduce with: {command}', flush=True)
     env = bm.environment(args.device)
-
-    rows = []
-    for model in [] if args.compare_only else args.arch + ([args.config] if args.config else []):
-        for size in sizes:
-            for dtype in args.dtypes:
-                for mode in args.passes:
-                    case = bm.Case(model, size, args.batch, dtype, mode, args.device,
-                                   args.threads, args.warmup, args.repeats,
-                                   cfg_options=dict(args.cfg_options or {}))
-                    r = bm.measure_isolated(case, timeout=args.timeout)
-                    rows.append(r)
-                    print(f'  {case.label} {bm._size_str(size)} {dtype} {mode}: '
-                          + (f'failed: {r["error"]}' if r.get('error') else
-                             f'{bm._fmt(r["latency_ms"])} ms, {bm._fmt(r["peak_mem_mib"], 0)} MiB'),
-                          flush=True)
+    log = functools.partial(print, flush=True)
+    settings = dict(batch=args.batch, device=args.device, threads=args.threads,
+                    warmup=args.warmup, repeats=args.repeats)
+    models = [] if args.compare_only else args.arch + ([args.config] if args.config else [])
+    rows = bm.measure_grid(models, sizes, args.dtypes, args.passes, timeout=args.timeout, log=log,
+                           cfg_options=dict(args.cfg_options or {}), **settings)
     comparisons = []
-    # the comparison times what --passes / --dtypes ask for
-    modes = [(m, d) for m, d in bm.COMPARE_MODES if m in args.passes and d in args.dtypes]
-    if args.compare_timm and modes:
-        for arch in args.arch:
-            for size in sizes:
-                c = bm.compare_with_timm(arch, size, args.batch, args.device, args.threads,
-                                         args.warmup, max(args.repeats, 1), modes=modes,
-                                         backbone_kwargs=dict(args.cfg_options or {}))
-                comparisons.append(c)
-                print(f'  {arch} {bm._size_str(size)} ours/timm: ' + ', '.join(
-                    f'{m}_{d} {c[f"{m}_{d}"]["ratio"]:.3f}' for m, d in modes)
-                    + f'; max rel err {c["max_rel_err"]:.1e}', flush=True)
+    if args.compare_timm:
+        settings['repeats'] = max(args.repeats, 1)
+        comparisons = bm.compare_grid(
+            args.arch, sizes, args.dtypes, args.passes,
+            baselines=('timm', 'floor') if args.compare_floor else ('timm',), log=log,
+            backbone_kwargs=dict(args.cfg_options or {}), **settings)
     metrics = None
     if args.checkpoint:
         metrics = bm.evaluate_checkpoint(args.config, args.checkpoint,

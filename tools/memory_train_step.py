@@ -1,13 +1,15 @@
-"""Peak host memory of one training step (CPU), with and without gradient checkpointing.
+"""Peak memory of one training step (CPU), with and without gradient checkpointing.
 
-Each measurement runs in a fresh process (a process's peak memory never goes down):
+Each measurement runs in a fresh process (deepvit_mm.benchmark.run_isolated):
     python tools/memory_train_step.py configs/mask_rcnn_xcit_s12_8_3x.py            # both
     python tools/memory_train_step.py CONFIG --with-cp on --height 800 --width 1344  # one
+
+Prints one line per measurement and, last, the results as JSON (a list for "both", else one dict).
+How the peak is taken: docs/benchmark.md.
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -15,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mmengine.config import DictAction  # noqa: E402
 
 
-def parse_args():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description='Peak memory of one training step on CPU')
     parser.add_argument('config', help='mmdet or mmseg config with a deepvit_mm backbone')
     parser.add_argument('--with-cp', choices=['on', 'off', 'both'], default='both',
@@ -26,31 +28,28 @@ def parse_args():
     parser.add_argument('--num-objects', type=int, default=10, help='instances per image (det)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries')
-    return parser.parse_args()
+    parser.add_argument('--timeout', type=float, help='seconds per measurement (default: none)')
+    return parser.parse_args(argv)
 
 
-def main():
-    args = parse_args()
-    if args.with_cp == 'both':
-        results = []
-        for flag in ('off', 'on'):
-            cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], '--with-cp', flag]
-            out = subprocess.run(cmd, capture_output=True, text=True)
-            if out.returncode:
-                sys.exit(f'--with-cp {flag} failed:\n{out.stderr[-3000:]}')
-            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        for r in results:
-            print(f"with_cp={r['with_cp']!s:5}  peak RSS {r['peak_rss_mib']:8.0f} MiB  "
-                  f"(before the step {r['before_step_mib']:.0f}, step {r['step_peak_mib']:.0f})  "
-                  f"{r['step_seconds']:.1f} s  loss {r['loss']:.3f}")
-        print(json.dumps(results))
-        return
-    from deepvit_mm.memory import measure_train_step
-    result = measure_train_step(args.config, with_cp=args.with_cp == 'on',
-                                batch_size=args.batch_size, height=args.height,
-                                width=args.width, num_objects=args.num_objects,
-                                cfg_options=args.cfg_options)
-    print(json.dumps(result))
+def main(argv=None):
+    args = parse_args(argv)
+    from deepvit_mm.benchmark import IsolatedError, measure_train_step, run_isolated
+    flags = ('off', 'on') if args.with_cp == 'both' else (args.with_cp,)
+    results = []
+    for flag in flags:
+        try:
+            results.append(run_isolated(
+                measure_train_step, args.config, with_cp=flag == 'on', timeout=args.timeout,
+                batch_size=args.batch_size, height=args.height, width=args.width,
+                num_objects=args.num_objects, cfg_options=args.cfg_options))
+        except IsolatedError as e:
+            sys.exit(f'--with-cp {flag} failed: {e}')
+    for r in results:
+        print(f"with_cp={r['with_cp']!s:5}  peak RSS {r['peak_rss_mib']:8.0f} MiB  "
+              f"(before the step {r['before_step_mib']:.0f}, step {r['step_peak_mib']:.0f})  "
+              f"{r['step_seconds']:.1f} s  loss {r['loss']:.3f}")
+    print(json.dumps(results if args.with_cp == 'both' else results[0]))
 
 
 if __name__ == '__main__':

@@ -1,0 +1,58 @@
+"""The measurement harness behind every benchmark tool (``tools/benchmark.py``,
+``tools/memory_train_step.py``, ``tools/benchmark_memory.py``), as mmdet keeps its own in
+``mmdet/utils/benchmark.py`` behind thin ``tools/analysis_tools/``.
+
+One idea per module:
+
+* ``isolation``: one fresh process per measurement (``run_isolated``);
+* ``memory``: peak memory of one call: resident set with the kernel's high-water mark reset on
+  CPU, ``max_memory_allocated`` on CUDA, the profiler's tensor peak on either;
+* ``models``: backbones by arch (any family, by ``type`` through the registry) and a config's
+  detector or segmentor (mmdet's or mmseg's ``MODELS`` by ``default_scope``);
+* ``batches``: a backbone's input, a detection or segmentation batch through the model's own
+  data preprocessor;
+* ``baselines``: what ours is compared with (timm's ``forward_intermediates``, the GEMM floor);
+* ``measure``: ``Case`` -> latency, throughput, memory (here or isolated); interleaved
+  comparisons; one training step; a checkpoint's evaluation (``tools/test.py``'s);
+* ``report``: markdown, CSV and plot writers;
+* ``suite``: grids of isolated measurements, what the tools run.
+
+How each number is taken is written in ``docs/benchmark.md``.
+"""
+from .baselines import BASELINES, GemmFloor, TimmBaseline
+from .batches import backbone_input, synthetic_batch, synthetic_data
+from .isolation import IsolatedError, run_isolated
+from .measure import (
+    COMPARE_MODES,
+    DTYPES,
+    PASSES,
+    Case,
+    compare,
+    compare_with_timm,
+    evaluate_checkpoint,
+    measure,
+    measure_isolated,
+    measure_train_step,
+    parse_size,
+)
+from .memory import current_rss, peak_memory, peak_rss, reset_peak_rss, tensor_peak
+from .models import backbone_family, build_backbone, build_from_config, is_config, load_config
+from .report import (
+    cait_variant_row,
+    cait_variants_markdown,
+    environment,
+    fmt,
+    markdown_table,
+    size_str,
+    write_report,
+)
+from .suite import compare_grid, measure_grid
+
+__all__ = ['BASELINES', 'GemmFloor', 'TimmBaseline', 'backbone_input', 'synthetic_batch',
+           'synthetic_data', 'IsolatedError', 'run_isolated', 'COMPARE_MODES', 'DTYPES', 'PASSES',
+           'Case', 'compare', 'compare_with_timm', 'evaluate_checkpoint', 'measure',
+           'measure_isolated', 'measure_train_step', 'parse_size', 'current_rss', 'peak_memory',
+           'peak_rss', 'reset_peak_rss', 'tensor_peak', 'backbone_family', 'build_backbone',
+           'build_from_config', 'is_config', 'load_config', 'environment', 'fmt',
+           'markdown_table', 'size_str', 'write_report', 'compare_grid', 'measure_grid',
+           'cait_variant_row', 'cait_variants_markdown']

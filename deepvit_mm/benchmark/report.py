@@ -1,0 +1,265 @@
+"""Reports: markdown tables, CSV files and a plot of cost against input size.
+
+``write_report`` writes what ``tools/benchmark.py`` measured: ``benchmark.md`` (every table, the
+command that reproduces it and the environment), ``benchmark.csv`` (one row per measurement),
+``compare.csv`` (one row per compared model, size and pass) and ``benchmark.png``.
+``markdown_table`` is the one table writer every tool's output goes through.
+"""
+import csv
+import math
+import os
+import platform
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from .measure import COMPARE_MODES
+
+__all__ = ['environment', 'fmt', 'size_str', 'markdown_table', 'benchmark_markdown',
+           'write_report', 'cait_variant_row', 'cait_variants_markdown', 'ROW_FIELDS',
+           'COMPARE_FIELDS']
+
+# benchmark.csv's columns, in order
+ROW_FIELDS = ['label', 'model', 'size', 'batch', 'dtype', 'mode', 'impl', 'device', 'threads',
+              'warmup', 'repeats', 'latency_ms', 'latency_min_ms', 'throughput', 'cpu_ms',
+              'peak_mem_mib', 'mem_method', 'first_call_ms', 'error']
+# compare.csv's columns before the ones of baselines other than timm (ratio_floor, ...)
+COMPARE_FIELDS = ['label', 'size', 'batch', 'pass', 'ours_ms', 'timm_ms', 'ratio', 'ours_mem_mib',
+                  'timm_mem_mib', 'max_rel_err_fp32', 'max_rel_err_bf16']
+
+
+def environment(device: str) -> Dict[str, str]:
+    """What the numbers depend on: versions, CPU/GPU, threads, load."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as f:
+            cpu = next((ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name')), cpu)
+    except OSError:
+        pass
+    env = dict(torch=torch.__version__, python=platform.python_version(), cpu=cpu,
+               cpu_count=str(os.cpu_count()), threads=str(torch.get_num_threads()))
+    if hasattr(os, 'getloadavg'):
+        env['load_avg_1_5_15min'] = ' '.join(f'{v:.1f}' for v in os.getloadavg())
+    if str(device).startswith('cuda') and torch.cuda.is_available():
+        env['gpu'] = torch.cuda.get_device_name()
+    return env
+
+
+def fmt(v: Any, digits: int = 1) -> str:
+    """A number with ``digits`` decimals; ``-`` for None or NaN; anything else as ``str``."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return '-'
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f'{v:.{digits}f}'
+    return str(v)
+
+
+def size_str(size: Sequence[int]) -> str:
+    """``(800, 1344)`` -> ``'800x1344'``."""
+    return f'{size[0]}x{size[1]}'
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> List[str]:
+    """A markdown table's lines; cells are written with ``str``."""
+    return (['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+            + ['| ' + ' | '.join(str(c) for c in r) + ' |' for r in rows])
+
+
+def _compare_keys() -> List[str]:
+    return [f'{mode}_{dtype}' for mode, dtype in COMPARE_MODES]
+
+
+def _other_baselines(comparisons: List[dict]) -> List[str]:
+    names = []
+    for c in comparisons:
+        names += [b for b in c.get('baselines', ['timm']) if b != 'timm' and b not in names]
+    return names
+
+
+def _measurement_rows(rows: List[dict]) -> List[str]:
+    body = []
+    for r in rows:
+        head = [r['label'], size_str(r['size']), r['batch'], r['dtype'], r['mode']]
+        if r.get('error'):
+            body.append(head + [f'failed: {r["error"]}'] + [''] * 5)
+            continue
+        body.append(head + [fmt(r['latency_ms']), fmt(r['latency_min_ms']),
+                            fmt(r['throughput'], 2), fmt(r.get('cpu_ms')),
+                            fmt(r['peak_mem_mib'], 0), fmt(r.get('first_call_ms'))])
+    lines = markdown_table(['model', 'input', 'batch', 'dtype', 'pass', 'latency ms (median)',
+                            'min ms', 'throughput img/s', 'CPU ms', 'peak mem MiB',
+                            'first call ms'], body)
+    methods = sorted({r['mem_method'] for r in rows if r.get('mem_method')})
+    return lines + ['', 'fwd: inference (eval, no autograd); train: forward + backward. bf16: '
+                    'autocast. CPU ms: CPU time of the process per call, all threads summed. Peak '
+                    'memory: ' + '; '.join(methods) + ' (growth over the built model and its '
+                    'input).', '']
+
+
+def _comparison_rows(comparisons: List[dict]) -> List[str]:
+    others = _other_baselines(comparisons)
+    names = [k.replace('_', ' ') for k in _compare_keys()]
+    header = ['model', 'input', 'batch']
+    for n in names:
+        header += [f'{n} ours / timm ms', 'ratio'] + [f'{n} {b} ms' for b in others] \
+            + [f'ours / {b}' for b in others]
+    header += [f'peak mem ours / timm MiB ({", ".join(names)})', 'max rel err fp32 (bf16)']
+    body = []
+    for c in comparisons:
+        cells, mems = [c['label'], size_str(c['size']), c['batch']], []
+        for key in _compare_keys():
+            v = c.get(key)
+            if v is None:  # not timed in this run
+                cells += ['–'] * (2 + 2 * len(others))
+                mems.append('–')
+                continue
+            cells += [f'{fmt(v.get("ours_ms"))} / {fmt(v.get("timm_ms"))}',
+                      f'{v["ratio"]:.3f}' if 'ratio' in v else '–']
+            cells += [fmt(v.get(f'{b}_ms')) for b in others]
+            cells += [f'{v[f"ratio_{b}"]:.3f}' if f'ratio_{b}' in v else '–' for b in others]
+            mems.append(f'{fmt(v.get("ours_mem_mib"), 0)} / {fmt(v.get("timm_mem_mib"), 0)}')
+        err = f'{c["max_rel_err"]:.2e}' if 'max_rel_err' in c else '–'
+        bf16_err = f'{c["bf16_max_rel_err"]:.2e}' if 'bf16_max_rel_err' in c else '–'
+        body.append(cells + ['; '.join(mems), f'{err} ({bf16_err})'])
+    note = ('ratio = ours / timm (median latencies, interleaved in one process); '
+            'max rel err = max over levels of max|ours - timm| / max|timm|.')
+    if others:
+        note += (' ' + ', '.join(f'ours / {b}' for b in others) + ': against the standard '
+                 "model's block GEMMs as plain torch.mm on the same shapes, in the same run.")
+    return ['## Ours vs timm (`forward_intermediates` + the same adapter, same weights)', '',
+            *markdown_table(header, body), '', note, '']
+
+
+def benchmark_markdown(rows: List[dict], comparisons: List[dict], metrics: Optional[dict],
+                       command: str, env: Dict[str, str]) -> str:
+    """``benchmark.md``: the command, the environment, the measurements, the comparisons and
+    the metrics, each table when there is something to show."""
+    lines = ['# Benchmark', '', f'Reproduce: `{command}`', '',
+             'Environment: ' + ', '.join(f'{k} {v}' for k, v in env.items()), '']
+    if rows:
+        lines += _measurement_rows(rows)
+    if comparisons:
+        lines += _comparison_rows(comparisons)
+    if metrics:
+        lines += ['## Accuracy (single-scale)', '',
+                  *markdown_table(['metric', 'value'],
+                                  [(k, f'{v:.4g}') for k, v in metrics.items()]), '']
+    return '\n'.join(lines)
+
+
+def _plot(rows: List[dict], path: str) -> bool:
+    ok = [r for r in rows if not r.get('error') and r.get('latency_ms') is not None]
+    if not ok:
+        return False
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    series: Dict[str, List[dict]] = {}
+    for r in ok:
+        series.setdefault(f'{r["label"]} {r["dtype"]} {r["mode"]}', []).append(r)
+    for name, rs in series.items():
+        rs = sorted(rs, key=lambda r: r['size'][0] * r['size'][1])
+        mpx = [r['size'][0] * r['size'][1] / 1e6 for r in rs]
+        axes[0].plot(mpx, [r['latency_ms'] for r in rs], marker='o', label=name)
+        if all(r.get('peak_mem_mib') is not None for r in rs):
+            axes[1].plot(mpx, [r['peak_mem_mib'] for r in rs], marker='o', label=name)
+    for ax, ylabel in zip(axes, ('latency (ms, median)', 'peak memory (MiB)')):
+        ax.set_xlabel('input megapixels (H x W / 1e6)')
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle('cost vs input resolution')
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _compare_csv(comparisons: List[dict], path: str) -> None:
+    others = _other_baselines(comparisons)
+    with open(path, 'w', newline='') as f:
+        w = csv.writer(f)
+        w.writerow(COMPARE_FIELDS + [c for b in others for c in (f'{b}_ms', f'ratio_{b}')])
+        for c in comparisons:
+            for key in _compare_keys():
+                v = c.get(key)
+                if v is not None:
+                    w.writerow([c['label'], size_str(c['size']), c['batch'], key,
+                                v.get('ours_ms'), v.get('timm_ms'), v.get('ratio'),
+                                v.get('ours_mem_mib'), v.get('timm_mem_mib'),
+                                c.get('max_rel_err'), c.get('bf16_max_rel_err')]
+                               + [v.get(k) for b in others for k in (f'{b}_ms', f'ratio_{b}')])
+
+
+def write_report(out_dir: str, rows: List[dict], comparisons: List[dict],
+                 metrics: Optional[dict], command: str, env: Dict[str, str]) -> Dict[str, str]:
+    """Write ``benchmark.md``, ``benchmark.csv`` and ``benchmark.png`` (with ``rows``) and
+    ``compare.csv`` (with ``comparisons``) into ``out_dir``.
+
+    Returns:
+        dict[str, str]: the paths written, keyed ``md``, ``csv``, ``png``, ``compare_csv``
+        (and ``metrics``, the markdown file, when there are metrics).
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    paths = dict(md=os.path.join(out_dir, 'benchmark.md'))
+    with open(paths['md'], 'w') as f:
+        f.write(benchmark_markdown(rows, comparisons, metrics, command, env))
+    if rows:
+        paths['csv'] = os.path.join(out_dir, 'benchmark.csv')
+        with open(paths['csv'], 'w', newline='') as f:
+            w = csv.DictWriter(f, fieldnames=ROW_FIELDS, extrasaction='ignore')
+            w.writeheader()
+            for r in rows:
+                w.writerow({**r, 'size': size_str(r['size'])})
+        if _plot(rows, os.path.join(out_dir, 'benchmark.png')):
+            paths['png'] = os.path.join(out_dir, 'benchmark.png')
+    if comparisons:
+        paths['compare_csv'] = os.path.join(out_dir, 'compare.csv')
+        _compare_csv(comparisons, paths['compare_csv'])
+    if metrics:
+        paths['metrics'] = paths['md']
+    return paths
+
+
+def _gib(mib: Optional[float]) -> Optional[float]:
+    return None if mib is None else round(mib / 1024, 2)
+
+
+def cait_variant_row(variant: str, result: dict) -> dict:
+    """One row of ``tools/benchmark_memory.py``'s table (and ``--json``) from ``measure``'s
+    result for a CaiT training pass: memory in GiB, times in seconds, ``status`` ``ok`` or the
+    failure."""
+    info = result.get('info') or {}
+    row = dict(variant=variant, arch=result['model'], size=list(result['size']),
+               batch=result['batch'], device=result['device'], threads=result.get('threads'),
+               **{k: info.get(k) for k in ('window_size', 'global_blocks', 'blocks', 'with_cp',
+                                           'tokens')})
+    if result.get('error'):
+        return dict(row, status=f'failed: {result["error"]}')
+    seconds = [round(t / 1e3, 2) for t in result.get('latencies_ms') or []]
+    return dict(row, status='ok', base_gb=_gib(result['mem_before_mib']),
+                peak_gb=_gib(result['mem_peak_mib']), added_gb=_gib(result['peak_mem_mib']),
+                tensor_peak_gb=_gib(result.get('tensor_peak_mib')),
+                seconds=None if result['latency_ms'] is None else round(result['latency_ms'] / 1e3, 2),
+                cpu_seconds=None if result['cpu_ms'] is None else round(result['cpu_ms'] / 1e3, 2),
+                all_seconds=seconds)
+
+
+def cait_variants_markdown(rows: List[dict], arch: str, batch: int, size: Sequence[int],
+                           device: str) -> str:
+    """``tools/benchmark_memory.py``'s table: one line per attention variant."""
+    unit = 'CUDA max allocated' if device == 'cuda' else 'peak RSS'
+    threads = next((r.get('threads') for r in rows if r.get('threads')), None)
+    title = (f'CaiT-{arch}, {batch}x3x{size[0]}x{size[1]}, forward + backward, {device}'
+             + (f', {threads} threads' if device == 'cpu' and threads else ''))
+    body = []
+    for r in rows:
+        gb = r.get('global_blocks')
+        gb = 'all' if gb and len(gb) == r.get('blocks') else ', '.join(map(str, gb or []))
+        body.append([r['variant'], gb, r.get('blocks', '')] + [
+            fmt(r.get(k), 2) for k in ('peak_gb', 'base_gb', 'added_gb', 'tensor_peak_gb',
+                                       'seconds', 'cpu_seconds')] + [r['status']])
+    return '\n'.join([title] + markdown_table(
+        ['variant', 'global blocks', 'blocks', f'{unit} (GiB)', 'model + input (GiB)',
+         'added (GiB)', 'tensor peak (GiB)', 'time (s)', 'CPU time (s)', 'status'], body))

@@ -1,5 +1,7 @@
+import http.server
 import os
 import sys
+import threading
 
 import pytest
 import torch
@@ -29,3 +31,28 @@ def official_xcit_state_dict(timm_model: torch.nn.Module) -> dict:
         sd[p + 'qkv.weight'] = torch.cat([sd.pop(p + f'{n}.weight') for n in 'qkv'])
         sd[p + 'qkv.bias'] = torch.cat([sd.pop(p + f'{n}.bias') for n in 'qkv'])
     return {'model': sd, 'epoch': 400}
+
+
+@pytest.fixture
+def server(tmp_path):
+    """An HTTP server on 127.0.0.1 serving ``tmp_path/www``; counts the requests it answers."""
+    www = tmp_path / 'www'
+    www.mkdir()
+    hits = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **k):
+            super().__init__(*a, directory=str(www), **k)
+
+        def do_GET(self):
+            hits.append(self.path)
+            return super().do_GET()
+
+        def log_message(self, *a):
+            pass
+    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield www, f'http://127.0.0.1:{httpd.server_address[1]}', hits
+    httpd.shutdown()
+    httpd.server_close()

@@ -222,28 +222,41 @@ def test_unpadded_input_sizes_and_minimum(arch):
         m(torch.randn(1, 3, least - 1, 64))
 
 
-def test_tools_test_on_generated_ade20k_returns_miou(tmp_path):
-    """`tools/test.py CONFIG CKPT` on the generated ADE20k-format data, with a checkpoint in the
-    official layout (mmseg 0.x meta data): the checkpoint loads completely and mIoU comes out."""
+def test_tools_test_on_generated_ade20k_returns_miou(tmp_path, server, monkeypatch):
+    """`tools/test.py CONFIG URL` on the generated ADE20k-format data, with a checkpoint in the
+    official layout (mmseg 0.x meta data) served over HTTP: it is downloaded, loads completely and
+    mIoU comes out; a backbone-only checkpoint is refused (it would evaluate to nothing)."""
     from deepvit_mm.datasets import make_ade_demo
     data = tmp_path / 'ade'
     make_ade_demo(str(data), num_train=1, num_val=3, size=128, seed=3)
     demo = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
     src = _mmseg_model(tmp_path, f"_base_ = '{demo}'")
     _randomize(src)
-    ckpt = tmp_path / 'sem_fpn_official.pth'
-    torch.save(dict(state_dict=to_official_layout(src.state_dict()),
-                    meta=_old_meta(mmseg_version='0.11.0')), ckpt)
+    www, url, _ = server
+    official = to_official_layout(src.state_dict())
+    torch.save(dict(state_dict=official, meta=_old_meta(mmseg_version='0.11.0')),
+               www / 'sem_fpn_official.pth')
+    torch.save({k[len('backbone.'):]: v for k, v in official.items() if k.startswith('backbone.')},
+               www / 'backbone_only.pth')
     opts = [f'{k}={v}' for k, v in {
         'test_dataloader.dataset.data_root': data, 'test_dataloader.num_workers': 0,
         'test_dataloader.persistent_workers': False}.items()]
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'tools', 'test.py'), demo, str(ckpt),
-         '--work-dir', str(tmp_path / 'work'), '--cfg-options', *opts],
-        capture_output=True, text=True, timeout=900, cwd=str(tmp_path))
-    log = out.stdout + out.stderr
-    assert out.returncode == 0, log[-3000:]
-    assert 'do not match exactly' not in log and 'missing keys' not in log, log[-3000:]
-    miou = re.findall(r'mIoU: (\d+\.\d+)', log)
-    assert miou, log[-3000:]
-    assert 0.0 <= float(miou[-1]) <= 100.0
+    env = dict(os.environ, TORCH_HOME=str(tmp_path / 'torch_home'))
+
+    def test(name):
+        out = subprocess.run(
+            [sys.executable, os.path.join(ROOT, 'tools', 'test.py'), demo, f'{url}/{name}',
+             '--work-dir', str(tmp_path / 'work'), '--cfg-options', *opts],
+            capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=env)
+        return out.returncode, out.stdout + out.stderr
+    code, log = test('sem_fpn_official.pth')
+    assert code == 0, log[-3000:]
+    n = len(src.state_dict())
+    assert re.search(rf"weights from .*sem_fpn_official.pth' into EncoderDecoder: loaded {n} "
+                     r'tensors\n', log), log[-3000:]
+    assert 'left at init' not in log and 'skipped' not in log, log[-3000:]
+    assert re.findall(r'mIoU: (\d+\.\d+)', log), log[-3000:]
+    code, log = test('backbone_only.pth')
+    assert code != 0
+    assert re.search(r'has no weights for \d+ tensors of EncoderDecoder: neck.*it looks like a '
+                     r'backbone checkpoint', log), log[-3000:]

@@ -143,6 +143,24 @@ def test_resume_skips_an_incomplete_last_checkpoint(tmp_path):
     assert find_resumable_checkpoint(str(tmp_path / 'nothing_here')) is None
 
 
+def test_resume_never_evaluates_config_text_planted_in_the_checkpoint(shapes, tmp_path):
+    """mmengine's Runner.resume evaluates meta['config'] with Config.fromstring: code planted there
+    (in an otherwise plain-data checkpoint) does not run; the run stops with a message."""
+    wd = tmp_path / 'wd'
+    _run(_train_cmd(shapes, wd, 2, 2))
+    ckpt = torch.load(wd / 'iter_2.pth', weights_only=False)  # our own file, read in full
+    ckpt['meta']['config'] = "import os\nos.system('touch PWNED')\ngpu_ids = [0]\n"
+    planted = tmp_path / 'planted.pth'
+    torch.save(ckpt, planted)
+    out = subprocess.run(_train_cmd(shapes, tmp_path / 'wd2', 4, 2, '--resume', str(planted)),
+                         cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    assert "did not evaluate the config text stored in checkpoint" in out.stderr
+    assert "checkpoint['meta']['config']" in out.stderr and 'DEEPVIT_MM_TRUSTED_CHECKPOINTS' \
+        in out.stderr
+    assert not (tmp_path / 'PWNED').exists()
+
+
 class _Payload:
     def __reduce__(self):
         return (os.system, ('touch PWNED_BY_CHECKPOINT',))

@@ -1,10 +1,8 @@
 """Trust: every path that loads weights goes through one matcher with one report, no code runs
 from any part of a checkpoint, and importing deepvit_mm changes nothing else in the process."""
 import argparse
-import http.server
 import logging
 import os
-import threading
 
 import pytest
 import timm
@@ -277,31 +275,6 @@ def test_folder_home_and_missing_paths(tmp_path, monkeypatch):
     assert read_checkpoint('~/iter_4.pth')['w'].item() == 1
     with pytest.raises(FileNotFoundError, match='checkpoint not found'):
         read_checkpoint('~/nope.pth')
-
-
-@pytest.fixture
-def server(tmp_path):
-    """An HTTP server on 127.0.0.1 serving ``tmp_path/www``; counts the requests it answers."""
-    www = tmp_path / 'www'
-    www.mkdir()
-    hits = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a, **k):
-            super().__init__(*a, directory=str(www), **k)
-
-        def do_GET(self):
-            hits.append(self.path)
-            return super().do_GET()
-
-        def log_message(self, *a):
-            pass
-    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield www, f'http://127.0.0.1:{httpd.server_address[1]}', hits
-    httpd.shutdown()
-    httpd.server_close()
 
 
 def test_url_checkpoints_download_once_then_load(det, tmp_path, server, monkeypatch):

@@ -19,6 +19,13 @@ from a list of names:
     relative to that module): timm's ``Xcit`` declares its Fourier position encoding
     (``pos_embed.*``), its cross-covariance attention the ``temperature``, ``Cait`` its
     ``pos_embed``.
+
+The recipes under ``configs/`` do not use this constructor (they have no layer decay): their
+no-decay rules, in ``configs/_base_/default_runtime.py``, name the same norm layers, LayerScale,
+temperature and position embedding, but let biases decay, as the papers' code did
+(tests/test_layer_decay.py checks that biases are the only difference). No module declares F-SNE's
+codes: with an F-SNE model add ``custom_keys={'qkv_codes': dict(decay_mult=0.)}`` to
+``paramwise_cfg`` to keep them from decaying.
 """
 import fnmatch
 from collections import OrderedDict

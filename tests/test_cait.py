@@ -551,9 +551,8 @@ def test_cait_recipes(size):
     res = 384 if size == 'xs24' else 224
     assert bb.img_size == res and bb.init_cfg.checkpoint.endswith(f'_{res}.pth')
     assert det.model.neck.in_channels == [dim] * 4
-    keys = det.optim_wrapper.paramwise_cfg.custom_keys
-    assert {k: v.decay_mult for k, v in keys.items()} == \
-        {'.gamma_1': 0.0, '.gamma_2': 0.0, 'pos_embed': 0.0}
+    keys = det.optim_wrapper.paramwise_cfg.custom_keys  # the groups: test_configs.py
+    assert {'.gamma_1', '.gamma_2', 'pos_embed'} <= set(keys)
 
     seg = Config.fromfile(os.path.join(CONFIG_DIR, f'upernet_cait_{size}_160k_ade20k.py'))
     opt = seg.optim_wrapper.optimizer

@@ -108,34 +108,86 @@ def test_detection_recipe_hyper_parameters(path):
     assert f'box AP {box}, mask AP {mask}' in header
 
 
-# The optimizer settings come from the shared parent; two recipes cover both depths (12/24) and
-# both patch embeddings (/16, /8) without building all eight models again.
-@pytest.mark.parametrize('name', ['mask_rcnn_xcit_t12_16_3x.py', 'mask_rcnn_xcit_s24_8_3x.py'])
+# The weight-decay rules each family's recipes had before they moved into one shared base
+# (configs/_base_/default_runtime.py), spelled out again here as the reference: norm layers by type
+# plus these name keys do not decay, everything else (biases included) decays, every lr is the
+# optimizer's.
+FAMILY_NO_DECAY = {
+    'xcit': ('.gamma1', '.gamma2', '.gamma3', '.temperature', 'pos_embed'),
+    'cait': ('.gamma_1', '.gamma_2', 'pos_embed'),
+}
+
+
+# One recipe per family x task (both depths and both patch sizes of XCiT, F-SNE's codes, a demo):
+# building all 38 models again would add nothing the shared base does not already share.
+@pytest.mark.parametrize('name', [
+    'mask_rcnn_xcit_t12_16_3x.py', 'mask_rcnn_xcit_s24_8_3x.py', 'mask_rcnn_cait_xxs24_3x.py',
+    'mask_rcnn_xcit_t12_16_fsne8s_3x.py', 'upernet_xcit_t12_16_160k_ade20k.py',
+    'upernet_cait_xxs24_160k_ade20k.py', 'sem_fpn_xcit_t12_8_80k_ade20k.py',
+    'demo/mask_rcnn_xcit_nano_12_p8_shapes.py'])
 def test_weight_decay_groups(name):
     from mmengine.optim import build_optim_wrapper
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, name))
+    opt = cfg.optim_wrapper.optimizer
     model = _build(cfg)
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     names = {id(p): n for n, p in model.named_parameters()}
-    decay = {}
+    groups = {}
     for group in wrapper.optimizer.param_groups:
         for p in group['params']:
-            assert names[id(p)] not in decay
-            decay[names[id(p)]] = group['weight_decay']
-    assert set(decay) == {n for n, p in model.named_parameters() if p.requires_grad}
+            assert names[id(p)] not in groups
+            groups[names[id(p)]] = (group['lr'], group['weight_decay'])
+    assert set(groups) == {n for n, p in model.named_parameters() if p.requires_grad}
 
     norm_types = (_BatchNorm, _InstanceNorm, torch.nn.LayerNorm, torch.nn.GroupNorm)
     norm_params = {f'{m}.{n}' for m, mod in model.named_modules() if isinstance(mod, norm_types)
                    for n, _ in mod.named_parameters(recurse=False)}
-    exempt = {n for n in decay
-              if any(k in n for k in ('gamma', 'temperature', 'pos_embed')) or n in norm_params}
-    assert {n: decay[n] for n in exempt if decay[n] != 0} == {}
-    assert {n: decay[n] for n in set(decay) - exempt if decay[n] != 0.05} == {}
-    # each exemption has something to act on
-    for key in ('.gamma1', '.gamma2', '.gamma3', '.temperature', 'pos_embed', '.norm1.', '.bn.'):
+    keys = FAMILY_NO_DECAY[cfg.model.backbone.type.lower()]
+    if cfg.model.backbone.get('qkv_cfg', {}).get('type') == 'FSNE':
+        keys += ('qkv_codes',)  # the F-SNE codes Cq, Ck, Cv (the non-linear Q/K/V paper, eq. 7)
+    exempt = {n for n in groups if n in norm_params or any(k in n for k in keys)}
+    want = {n: (opt.lr, 0. if n in exempt else opt.weight_decay) for n in groups}
+    assert {n: g for n, g in groups.items() if g != want[n]} == {}
+    # each exemption has something to act on (LayerNorms of the blocks, BatchNorms of the pyramid
+    # adapter at least); biases outside norm layers decay
+    for key in keys:
         assert any(key in n for n in exempt), key
-    assert decay['backbone.trunk.blocks.0.attn.qkv.weight'] == 0.05
-    assert decay['backbone.trunk.blocks.0.mlp.fc1.weight'] == 0.05
+    for norm in (torch.nn.LayerNorm, _BatchNorm):
+        assert any(isinstance(m, norm) for m in model.backbone.modules()), norm
+    assert any(n.endswith('.bias') for n in set(groups) - exempt) and opt.weight_decay > 0
+
+
+RUNTIME = Config.fromfile(os.path.join(CONFIG_DIR, '_base_', 'default_runtime.py'))
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
+def test_config_uses_the_shared_runtime(path):
+    """Hooks, checkpoint hook and weight-decay rules come from configs/_base_/default_runtime.py."""
+    cfg = Config.fromfile(path)
+    assert cfg.custom_imports == RUNTIME.custom_imports
+    assert cfg.custom_hooks == RUNTIME.custom_hooks
+    assert cfg.default_hooks.checkpoint.type == RUNTIME.checkpoint_hook.type
+    assert cfg.optim_wrapper.paramwise_cfg == RUNTIME.paramwise_cfg
+    # the runtime base's variables are consumed by the schedule bases, not left behind
+    assert 'checkpoint_hook' not in cfg and 'paramwise_cfg' not in cfg
+
+
+def _without_backbone(name):
+    cfg = Config.fromfile(os.path.join(CONFIG_DIR, name)).to_dict()
+    for key in ('arch', 'embed_dim', 'pretrained', 'img_size'):
+        cfg.pop(key, None)
+    del cfg['model']['backbone']
+    for module in ('neck', 'decode_head', 'auxiliary_head'):
+        cfg['model'].get(module, {}).pop('in_channels', None)
+    return cfg
+
+
+@pytest.mark.parametrize('cait,xcit', [
+    ('mask_rcnn_cait_xxs24_3x.py', 'mask_rcnn_xcit_t12_16_3x.py'),
+    ('upernet_cait_xxs24_160k_ade20k.py', 'upernet_xcit_t12_16_160k_ade20k.py')])
+def test_cait_and_xcit_recipes_differ_only_in_the_backbone(cait, xcit):
+    """Same schedule, data, heads and runtime for both families (mmengine's merged dicts)."""
+    assert _without_backbone(cait) == _without_backbone(xcit)
 
 
 def test_runner_reverts_syncbn_when_not_distributed(tmp_path):
@@ -148,7 +200,8 @@ def test_runner_reverts_syncbn_when_not_distributed(tmp_path):
     modules = list(runner.model.modules())
     assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in modules)
     assert any(isinstance(m, _BatchNorm) for m in runner.model.backbone.modules())
-    assert 'RNGStateHook' in [type(h).__name__ for h in runner.hooks]
+    names = [type(h).__name__ for h in runner.hooks]
+    assert {'RNGStateHook', 'FiniteLossHook', 'CrashSafeCheckpointHook'} <= set(names), names
 
 
 def test_recipes_can_be_inherited_from_the_package(tmp_path):

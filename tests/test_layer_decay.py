@@ -149,3 +149,27 @@ def test_bad_settings_refused(paramwise, match):
 def test_a_model_without_a_columnar_backbone_is_refused():
     with pytest.raises(ValueError, match='exactly one columnar backbone'):
         build_optim_wrapper(torch.nn.Linear(3, 3), _optim_cfg())
+
+
+def test_at_rate_1_it_differs_from_the_recipes_rules_only_in_biases():
+    """The recipes keep their own no-decay keys (configs/_base_/default_runtime.py) rather than
+    this constructor at decay_rate=1: the two agree on every parameter but the biases that are
+    neither in a norm layer nor named by a key, which the recipes (as the papers' code) decay and
+    this constructor (as BEiT's) does not."""
+    model = _mask_rcnn()
+    recipe = Config.fromfile(DEMO).optim_wrapper
+    ctor = dict(recipe, constructor='ColumnarLayerDecayOptimizerConstructor',
+                paramwise_cfg=dict(decay_rate=1.0))
+    names = {id(p): n for n, p in model.named_parameters()}
+    got = {}
+    for cfg in (recipe, ctor):
+        for g in build_optim_wrapper(model, cfg).optimizer.param_groups:
+            for p in g['params']:
+                got.setdefault(names[id(p)], []).append((g['lr'], g['weight_decay']))
+    lr, wd = recipe.optimizer.lr, recipe.optimizer.weight_decay
+    differ = {n for n, (a, b) in got.items() if a != b}
+    norm_biases = {f'{m}.bias' for m, mod in model.named_modules()
+                   if isinstance(mod, (torch.nn.LayerNorm, torch.nn.modules.batchnorm._BatchNorm))}
+    keyed = {n for n in got if any(k in n for k in recipe.paramwise_cfg.custom_keys)}
+    assert differ and differ == {n for n in got if n.endswith('.bias')} - norm_biases - keyed
+    assert all(got[n] == [(lr, wd), (lr, 0.)] for n in differ)

@@ -1,8 +1,5 @@
 # Mask R-CNN 3x on COCO with a CaiT backbone. CaiT's paper has no detection results; this applies
-# the XCiT recipe (XCiT paper Table 5, section 4.2) unchanged: Mask R-CNN + FPN, 36 epochs, AdamW
-# lr 1e-4, weight decay 0.05, batch 16 (8 GPUs x 2), DETR's multi-scale augmentation, SyncBN.
-# Everything but the backbone and its weight-decay exemptions is inherited from the XCiT parent, so
-# the two families share one schedule.
+# the XCiT recipe (schedules/mask_rcnn_3x_coco.py) unchanged, so the two families share one schedule.
 #
 # Backbone: taps at 1/3, 1/2, 2/3 and the end of the trunk (blocks 8/12/16/24 of 24), stride 16 ->
 # the pyramid adapter's ConvT-BN-GELU-ConvT / ConvT / identity / max-pool levels. At 800x1333 a
@@ -14,7 +11,7 @@
 #
 # Children set `arch`, `embed_dim` and `pretrained` *and* the model fields that use them (mmengine
 # evaluates this file before the child, so changing a variable alone changes nothing).
-_base_ = ['./mask_rcnn_xcit_3x_coco.py']
+_base_ = './schedules/mask_rcnn_3x_coco.py'
 
 arch = 's24'  # see deepvit_mm.CaiT.arch_zoo
 embed_dim = 384  # XXS: 192, XS: 288, S: 384; every tap has embed_dim channels
@@ -28,7 +25,7 @@ img_size = 224
 
 model = dict(
     backbone=dict(
-        _delete_=True,  # drop the XCiT arguments
+        _delete_=True,  # drop the Swin arguments
         type='CaiT',
         arch=arch,
         img_size=img_size,
@@ -40,15 +37,3 @@ model = dict(
         norm_cfg=dict(type='SyncBN', requires_grad=True),
         init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     neck=dict(in_channels=[embed_dim] * 4))
-
-# AdamW as in the parent. No weight decay on norm layers (by type), LayerScale (gamma_1, gamma_2)
-# and the position embedding, as in CaiT's ImageNet training.
-optim_wrapper = dict(
-    paramwise_cfg=dict(
-        _delete_=True,  # drop the XCiT keys (gamma1..3, temperature)
-        norm_decay_mult=0.,
-        custom_keys={
-            '.gamma_1': dict(decay_mult=0.),
-            '.gamma_2': dict(decay_mult=0.),
-            'pos_embed': dict(decay_mult=0.),
-        }))

@@ -1,92 +1,30 @@
 # Semantic FPN 80k on ADE20k with an XCiT backbone: the recipe of the XCiT paper (Table 6, section
 # 4.3) and its official code (facebookresearch/xcit, semantic_segmentation/, mmseg 0.11): FPN neck
-# with embed_dim channels + Semantic FPN head (128 channels), 80k iterations, AdamW lr 6e-5, weight
-# decay 0.01, batch 16, 512x512 crops, single-scale evaluation (no flip, no multi-scale), features
-# tapped from blocks 4/6/8/12 (12 layers) or 8/12/16/24 (24 layers).
-#
-# mmseg 1.2.2 ships Semantic FPN on ADE20k only with the 160k schedule
-# (sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py); this file composes the 80k one from the same
-# mmseg bases that config uses, with mmseg's 80k schedule in place of the 160k one: the FPN +
-# FPNHead model, the ADE20k data pipeline (random resize of (2048, 512) x 0.5..2.0, 512x512 crop,
-# flip, photometric distortion; test: resize to (2048, 512) keeping the ratio, whole-image
-# inference), the runtime. Overridden here: the backbone, the neck's channels, 150 classes, the
-# optimizer and the lr schedule (as in the paper's code, adopted from Swin), the batch split.
+# with embed_dim channels + Semantic FPN head (128 channels), features tapped from blocks 4/6/8/12
+# (12 layers) or 8/12/16/24 (24 layers). mmseg's FPN + FPNHead model and the segmentation
+# schedule at 80k iterations (schedules/ade20k_80k.py).
 #
 # Children set `arch`, `embed_dim` and `pretrained` *and* the model fields that use them (mmengine
 # evaluates this file before the child, so changing a variable alone changes nothing).
-_base_ = [
-    'mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/datasets/ade20k.py',
-    'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_80k.py'
-]
-custom_imports = dict(imports=['deepvit_mm'], allow_failed_imports=False)
+_base_ = ['mmseg::_base_/models/fpn_r50.py', './schedules/ade20k_80k.py']
 
 arch = 'small_12_p16'  # see deepvit_mm.XCiT.arch_zoo
 embed_dim = 384  # T: 192, S: 384, M: 512; every tap has embed_dim channels
-# ImageNet-1k weights, downloaded here beforehand (nothing is fetched at train time): the
-# official release (https://dl.fbaipublicfiles.com/xcit/xcit_<size>_p<patch>_224.pth) or timm's
-# (Hugging Face timm/xcit_<size>_p<patch>_224.fb_in1k; point `pretrained` at its .safetensors).
+# ImageNet-1k weights, as for detection (mask_rcnn_xcit_3x_coco.py)
 pretrained = f'checkpoints/xcit_{arch}_224.pth'
-crop_size = (512, 512)
-max_iters = 80000
-warmup_iters = 1500
 
 model = dict(
     pretrained=None,  # the base's ResNet weights; XCiT's come through backbone.init_cfg
-    data_preprocessor=dict(size=crop_size),
+    data_preprocessor=dict(size=_base_.crop_size),  # batches padded to the 512x512 crops
     backbone=dict(
         _delete_=True,  # drop the ResNet arguments
         type='XCiT',
         arch=arch,
-        # drop path and LayerScale init default to the paper's Table B.1 for `arch`; taps to the
-        # paper's blocks (out_indices)
-        # SyncBN (the BatchNorms of the conv patch embedding, LPI and pyramid adapter) as in the
-        # paper's multi-GPU training; mmengine's Runner reverts it to BN in a non-distributed run.
+        # drop path, LayerScale init, taps and SyncBN as for detection (mask_rcnn_xcit_3x_coco.py)
         norm_cfg=dict(type='SyncBN', requires_grad=True),
-        # evaluation images (short side 512, long side as the aspect ratio gives) go through
-        # unpadded, as in the official code, so an official checkpoint computes what it did there;
-        # training crops are 512x512 either way
-        pad_input=False,
+        pad_input=False,  # evaluation images go through unpadded (upernet_xcit_160k_ade20k.py)
         init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     # the official code's FPN keeps embed_dim channels (mmseg's R-50 base has 256)
     neck=dict(in_channels=[embed_dim] * 4, out_channels=embed_dim),
     decode_head=dict(in_channels=[embed_dim] * 4, channels=128, feature_strides=[4, 8, 16, 32],
                      num_classes=150))
-
-# Batch 16 (the paper's) = 8 GPUs x 2 images (the official code's split; 4 GPUs x 4 images is the
-# same batch: `tools/dist_train.sh CONFIG 4 --cfg-options train_dataloader.batch_size=4`).
-# 80k iterations x 16 images / 20,210 training images = ~63 epochs.
-# With another total batch, `--cfg-options auto_scale_lr.enable=True` makes mmengine's Runner scale
-# the lr linearly by (GPUs x batch_size) / 16.
-train_dataloader = dict(batch_size=2)
-val_dataloader = dict(batch_size=1)
-test_dataloader = val_dataloader
-auto_scale_lr = dict(enable=False, base_batch_size=16)
-
-# AdamW as in the paper. No weight decay on norm layers (by type: the blocks' LayerNorms, the
-# BatchNorms of the conv parts and, as a side effect, of the head, which the official code
-# decayed at 0.01), LayerScale (gamma1..3), the XCA temperature and the Fourier position encoding.
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.,
-        custom_keys={
-            '.gamma1': dict(decay_mult=0.),
-            '.gamma2': dict(decay_mult=0.),
-            '.gamma3': dict(decay_mult=0.),
-            '.temperature': dict(decay_mult=0.),
-            'pos_embed': dict(decay_mult=0.),
-        }))
-# The official schedule: linear warm-up over 1500 iterations from lr x 1e-6, then poly decay with
-# power 1.0 (linear) to 0 at the last iteration (mmseg 1.x's Swin recipes spell it the same way).
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=warmup_iters),
-    dict(type='PolyLR', eta_min=0.0, power=1.0, by_epoch=False, begin=warmup_iters,
-         end=max_iters),
-]
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=8000)
-default_hooks = dict(checkpoint=dict(type='CrashSafeCheckpointHook', by_epoch=False, interval=8000,
-                                     max_keep_ckpts=3))
-# stop on a NaN/inf loss; RNG state in checkpoints for bit-identical resumes (deepvit_mm.runtime)
-custom_hooks = [dict(type='FiniteLossHook'), dict(type='RNGStateHook')]

@@ -1,6 +1,6 @@
 # Demo: CaiT-XXS24 Mask R-CNN trained from scratch on the embedded synthetic shapes dataset
 # (tools/make_demo_data.py data/shapes). Everything but the backbone comes from the XCiT demo:
-# 256x256 images, 350 iterations of batch 4, AdamW, COCO bbox/segm mAP on the held-out split.
+# 256x256 images, 250 iterations of batch 4, AdamW, COCO bbox/segm mAP on the held-out split.
 # A 256x256 image is a 16x16 grid of patches: CaiT's global attention (the default) is cheap there.
 _base_ = './mask_rcnn_xcit_nano_12_p8_shapes.py'
 

@@ -6,7 +6,4 @@
 _base_ = './mask_rcnn_xcit_nano_12_p8_shapes.py'
 
 model = dict(backbone=dict(qkv_cfg=dict(type='FSNE', code_size=8, hidden='*')))
-
-# The codes Cq, Ck, Cv are not weight-decayed: the paper regularises the network weights only
-# (its eq. 7). Merged into the parent's custom_keys.
-optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'qkv_codes': dict(decay_mult=0.)}))
+# The codes Cq, Ck, Cv are not weight-decayed (../_base_/default_runtime.py).

@@ -8,8 +8,8 @@
 _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     'mmdet::_base_/default_runtime.py',
+    '../_base_/default_runtime.py',
 ]
-custom_imports = dict(imports=['deepvit_mm'], allow_failed_imports=False)
 
 classes = ('circle', 'square', 'triangle')
 data_root = 'data/shapes/'
@@ -97,10 +97,7 @@ test_cfg = dict(type='TestLoop')
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=lr, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(norm_decay_mult=0.,
-                       custom_keys={'.gamma': dict(decay_mult=0.),
-                                    '.temperature': dict(decay_mult=0.),
-                                    'pos_embed': dict(decay_mult=0.)}),
+    paramwise_cfg=_base_.paramwise_cfg,  # the recipes' weight-decay rules
     clip_grad=dict(max_norm=5.0))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
@@ -109,9 +106,8 @@ param_scheduler = [
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=25),
-    checkpoint=dict(type='CrashSafeCheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=1))
+    checkpoint=dict(_base_.checkpoint_hook, by_epoch=False, interval=max_iters, max_keep_ckpts=1))
+del _base_.checkpoint_hook, _base_.paramwise_cfg  # used: not left in the resolved config
 log_processor = dict(by_epoch=False)
 randomness = dict(seed=0)
-# stop on a NaN/inf loss; RNG state in checkpoints for bit-identical resumes (deepvit_mm.runtime)
-custom_hooks = [dict(type='FiniteLossHook'), dict(type='RNGStateHook')]
 auto_scale_lr = dict(enable=False, base_batch_size=batch_size)

@@ -9,8 +9,8 @@
 _base_ = [
     'mmseg::_base_/models/fpn_r50.py',
     'mmseg::_base_/default_runtime.py',
+    '../_base_/default_runtime.py',
 ]
-custom_imports = dict(imports=['deepvit_mm'], allow_failed_imports=False)
 
 classes = ('sky', 'floor', 'box', 'tent', 'ball')  # deepvit_mm.datasets.ADE_DEMO_CLASSES
 data_root = 'data/ade_demo'
@@ -74,15 +74,12 @@ train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=ma
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 
-# The recipes' optimizer (AdamW, no decay on norms/LayerScale/temperature/position encoding) with a
+# The recipes' optimizer (AdamW, their weight-decay rules: ../_base_/default_runtime.py) with a
 # from-scratch learning rate and a short warm-up.
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(norm_decay_mult=0.,
-                       custom_keys={'.gamma': dict(decay_mult=0.),
-                                    '.temperature': dict(decay_mult=0.),
-                                    'pos_embed': dict(decay_mult=0.)}),
+    paramwise_cfg=_base_.paramwise_cfg,
     clip_grad=dict(max_norm=5.0))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
@@ -91,8 +88,7 @@ param_scheduler = [
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=25, log_metric_by_epoch=False),
-    checkpoint=dict(type='CrashSafeCheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=1))
+    checkpoint=dict(_base_.checkpoint_hook, by_epoch=False, interval=max_iters, max_keep_ckpts=1))
+del _base_.checkpoint_hook, _base_.paramwise_cfg  # used: not left in the resolved config
 randomness = dict(seed=0)
-# stop on a NaN/inf loss; RNG state in checkpoints for bit-identical resumes (deepvit_mm.runtime)
-custom_hooks = [dict(type='FiniteLossHook'), dict(type='RNGStateHook')]
 auto_scale_lr = dict(enable=False, base_batch_size=batch_size)

@@ -1,0 +1,25 @@
+# Mask R-CNN 3x on COCO, everything but the backbone: the detection recipe of the XCiT paper (Table
+# 5, section 4.2), which the CaiT recipes apply unchanged (CaiT's paper has no detection results).
+#
+# mmdet's Swin-T 3x recipe already has all of it: Mask R-CNN + FPN, COCO instances (118k train /
+# 5k val, bbox + segm evaluation), DETR's multi-scale training augmentation (random resize, or
+# resize-crop-resize; shorter side 480..800, longer side <= 1333), AdamW lr 1e-4 weight decay
+# 0.05, 36 epochs with lr x0.1 after epochs 27 and 33 (+ 1000-iteration linear warm-up).
+# Overridden here: the weight-decay exemptions, the batch split, the checkpoints kept. The model
+# bases (../mask_rcnn_{xcit,cait}_3x_coco.py) put their backbone in place of Swin.
+_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py', '../default_runtime.py']
+
+# Batch 16 (the paper's) = 8 GPUs x 2 images.
+# 36 epochs x 118,287 images / 16 = 7,393 iterations an epoch x 36 = ~266k iterations.
+# With another total batch, `--cfg-options auto_scale_lr.enable=True` makes mmengine's Runner scale
+# the lr linearly by (GPUs x batch_size) / 16.
+train_dataloader = dict(batch_size=2)
+auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
+    # ../default_runtime.py's rules in place of Swin's keys (absolute_pos_embed, ...)
+    paramwise_cfg=dict(_base_.paramwise_cfg, _delete_=True))
+default_hooks = dict(checkpoint=dict(_base_.checkpoint_hook, interval=1))  # every epoch
+del _base_.checkpoint_hook, _base_.paramwise_cfg  # used: not left in the resolved config

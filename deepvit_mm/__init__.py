@@ -18,11 +18,15 @@ from .checkpoints import (  # noqa: E402
     read_checkpoint,
     trusted_checkpoints,
 )
-from .distributed import CPUDistributedDataParallel  # noqa: E402
-from .engine import CPUAmpOptimWrapper  # noqa: E402
 from .optim import ColumnarLayerDecayOptimizerConstructor  # noqa: E402
 from .pyramid import ColumnarPyramid  # noqa: E402
-from .runtime import CrashSafeCheckpointHook, FiniteLossHook, RNGStateHook  # noqa: E402
+from .runtime import (  # noqa: E402
+    CPUAmpOptimWrapper,
+    CPUDistributedDataParallel,
+    CrashSafeCheckpointHook,
+    FiniteLossHook,
+    RNGStateHook,
+)
 
 install_mmengine_loader()
 

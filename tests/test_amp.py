@@ -14,7 +14,7 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
 from deepvit_mm.datasets import make_shapes_coco
-from deepvit_mm.engine import CPUAmpOptimWrapper, prepare_config
+from deepvit_mm.runtime import CPUAmpOptimWrapper, prepare_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')

@@ -18,7 +18,7 @@ from mmengine.runner import Runner
 
 from deepvit_mm.checkpoints import read_checkpoint
 from deepvit_mm.datasets import make_shapes_coco
-from deepvit_mm.distributed import setup_cpu_distributed
+from deepvit_mm.runtime import setup_cpu_distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')

@@ -10,8 +10,12 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from deepvit_mm.checkpoints import require_complete_model, resolve_checkpoint  # noqa: E402
-from deepvit_mm.distributed import setup_cpu_distributed  # noqa: E402
-from deepvit_mm.engine import enable_visualization, keep_freed_cpu_memory, prepare_config  # noqa: E402
+from deepvit_mm.runtime import (  # noqa: E402
+    enable_visualization,
+    keep_freed_cpu_memory,
+    prepare_config,
+    setup_cpu_distributed,  # noqa: E402
+)
 
 
 def parse_args():

@@ -9,8 +9,11 @@ from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from deepvit_mm.distributed import setup_cpu_distributed  # noqa: E402
-from deepvit_mm.engine import keep_freed_cpu_memory, prepare_config  # noqa: E402
+from deepvit_mm.runtime import (  # noqa: E402
+    keep_freed_cpu_memory,
+    prepare_config,
+    setup_cpu_distributed,  # noqa: E402
+)
 
 
 def parse_args():

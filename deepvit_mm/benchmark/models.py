@@ -4,7 +4,7 @@
   the name (XCiT, CaiT, any ``ColumnarBackbone`` subclass) is built by ``type`` through mmdet's
   ``MODELS``, exactly as ``model.backbone`` of a config is;
 * a config's whole detector or segmentor: mmdet's or mmseg's ``MODELS`` by the config's
-  ``default_scope`` (``deepvit_mm.engine.task_of``), with no weights file and SyncBN reverted to BN
+  ``default_scope`` (``deepvit_mm.runtime.task_of``), with no weights file and SyncBN reverted to BN
   (one process, as any single-process run).
 """
 import os
@@ -81,7 +81,7 @@ def build_from_config(cfg, cfg_options: Optional[dict] = None) -> Tuple[nn.Modul
     from mmengine.model.utils import revert_sync_batchnorm
     from mmengine.registry import DefaultScope
 
-    from ..engine import task_of
+    from ..runtime.config import task_of
     if isinstance(cfg, str):
         cfg = load_config(cfg, cfg_options)
     task = task_of(cfg)

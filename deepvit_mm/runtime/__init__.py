@@ -1,4 +1,17 @@
-"""What deepvit_mm adds to mmengine's training runtime (registered on import)."""
+"""What deepvit_mm adds to mmengine's training runtime, one module per job (registered on import).
+
+- ``hooks``: crash-safe checkpoints, a stop on non-finite losses, RNG state in checkpoints;
+- ``amp``: bfloat16 autocast on CPU (``CPUAmpOptimWrapper``) with mmcv's ops kept in float32;
+- ``distributed``: distributed runs on CPU processes (gloo) through mmengine's Runner;
+- ``allocator``: glibc malloc tuning for CPU runs;
+- ``config``: reading a config for a run as mmdet's and mmseg's tools do.
+"""
+from .allocator import keep_freed_cpu_memory
+from .amp import CPUAmpOptimWrapper, run_mmcv_ops_in_float32
+from .config import enable_visualization, prepare_config, task_of
+from .distributed import CPUDistributedDataParallel, setup_cpu_distributed
 from .hooks import CrashSafeCheckpointHook, FiniteLossHook, RNGStateHook
 
-__all__ = ['CrashSafeCheckpointHook', 'FiniteLossHook', 'RNGStateHook']
+__all__ = ['CrashSafeCheckpointHook', 'FiniteLossHook', 'RNGStateHook', 'CPUAmpOptimWrapper',
+           'run_mmcv_ops_in_float32', 'CPUDistributedDataParallel', 'setup_cpu_distributed',
+           'keep_freed_cpu_memory', 'prepare_config', 'task_of', 'enable_visualization']

@@ -55,7 +55,7 @@ def setup_cpu_distributed(cfg: Config) -> None:
     environment torchrun sets (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
 
     Args:
-        cfg (Config): A config prepared by ``deepvit_mm.engine.prepare_config`` (``launcher``
+        cfg (Config): A config prepared by ``deepvit_mm.runtime.prepare_config`` (``launcher``
             set); modified in place.
     """
     launcher = cfg.get('launcher', 'none')

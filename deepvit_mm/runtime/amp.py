@@ -1,4 +1,4 @@
-"""mmcv's compiled ops under CPU bfloat16 autocast.
+"""Mixed precision on CPU: ``CPUAmpOptimWrapper`` (bfloat16 autocast) and mmcv's compiled ops under it.
 
 ``torch.autocast`` only knows PyTorch's own operators. The ops of ``mmcv.ops`` (NMS, RoIAlign,
 deformable convolution, ...) are ``torch.autograd.Function`` s calling compiled kernels whose CPU
@@ -16,11 +16,16 @@ runs) the wrapped functions behave exactly as before.
 import functools
 import inspect
 import sys
+from contextlib import contextmanager
 from typing import Any, Callable, Optional
 
 import torch
+import torch.nn as nn
+from mmengine.logging import print_log
+from mmengine.optim import OptimWrapper
+from mmengine.registry import OPTIM_WRAPPERS
 
-__all__ = ['run_mmcv_ops_in_float32']
+__all__ = ['CPUAmpOptimWrapper', 'run_mmcv_ops_in_float32']
 
 _MARK = '_deepvit_mm_float32'
 
@@ -83,3 +88,36 @@ def run_mmcv_ops_in_float32() -> None:
             if isinstance(fn.__dict__.get('backward'), staticmethod):
                 fn.backward = staticmethod(_wrap_backward(fn.backward))
             setattr(fn, _MARK, True)
+
+
+@OPTIM_WRAPPERS.register_module()
+class CPUAmpOptimWrapper(OptimWrapper):
+    """bfloat16 autocast on CPU (mmengine's ``AmpOptimWrapper`` requires a GPU). bfloat16 has
+    float32's exponent range, so no loss scaling is needed. mmcv's compiled ops, whose CPU
+    kernels take float32 only, run in float32 inside it (``run_mmcv_ops_in_float32`` below).
+
+    Args:
+        dtype (str): Autocast dtype. Default: ``'bfloat16'``.
+        kwargs: ``OptimWrapper`` arguments.
+    """
+
+    def __init__(self, dtype: str = 'bfloat16', **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.cast_dtype = getattr(torch, dtype)
+        run_mmcv_ops_in_float32()
+        if self.cast_dtype == torch.bfloat16 and not _cpu_has_bfloat16():
+            print_log(f'--amp: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native '
+                      'bfloat16 (AVX512-BF16 or AMX): bfloat16 convolutions and matrix products '
+                      'are emulated and much slower than float32 here.', logger='current',
+                      level=30)
+
+    @contextmanager
+    def optim_context(self, model: nn.Module):
+        with super().optim_context(model), torch.autocast('cpu', dtype=self.cast_dtype):
+            yield
+
+
+def _cpu_has_bfloat16() -> bool:
+    # reason: torch.cpu exposes these checks only under private names (torch 2.x)
+    checks = ('_is_avx512_bf16_supported', '_is_amx_tile_supported')
+    return any(getattr(torch.cpu, c, lambda: False)() for c in checks)

@@ -1,6 +1,5 @@
 """The fast XCiT forward (deepvit_mm.backbones.xcit_fast) equals timm's, forward and backward."""
 import copy
-
 import os
 
 import pytest

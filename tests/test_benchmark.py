@@ -190,7 +190,7 @@ def test_cait_timm_baseline_runs_at_the_input_grid_with_our_embedding():
 @pytest.mark.parametrize('arch,kwargs,err', [
     # forced on: at this size 'auto' would run timm's own forward; the same function computed
     # differently, so equal to float rounding and not bit for bit
-    ('nano_12_p16', dict(fast_forward=True), (1e-9, 1e-5)),
+    ('nano_12_p16', dict(gram_xca=True), (1e-9, 1e-5)),
     ('xxs24', dict(out_indices=(0, 1, 2, 3)), (0, 1e-5)),
 ])
 def test_compare_same_outputs_and_ratios(arch, kwargs, err):

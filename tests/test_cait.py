@@ -649,23 +649,23 @@ def test_query_chunk_dispatch(monkeypatch):
         assert calls == [1, 1]
 
 
-def test_cait_fast_forward_switch_and_parity(monkeypatch):
+def test_cait_query_chunks_switch_and_parity(monkeypatch):
     import deepvit_mm.backbones.window_attention as wa
     calls = []
     real = wa.talking_heads_chunked
     monkeypatch.setattr(wa, 'talking_heads_chunked',
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     m = CaiT('xxs24', out_indices=EARLY).eval()
-    assert m.fast_forward == 'auto'
+    assert m.query_chunks == 'auto'
     assert all(b.attn.query_chunk == 'auto' for b in m.trunk.blocks)
     x = torch.randn(1, 3, 224, 256)  # 14 x 16 = 224 tokens: more than one 128-row chunk
     with torch.no_grad():
         auto = m(x)
         assert len(calls) == 4  # every block's attention went by query chunks
-        m.fast_forward = False
+        m.query_chunks = False
         assert all(b.attn.query_chunk is None for b in m.trunk.blocks)
         timm_out = m(x)
     for a, b in zip(auto, timm_out):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
     with pytest.raises(ValueError, match="'auto', True or False"):
-        m.fast_forward = 'yes'
+        m.query_chunks = 'yes'

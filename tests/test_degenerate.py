@@ -54,7 +54,7 @@ def test_double_model_takes_double_input():
 
 
 def test_cait_attention_that_cannot_fit_is_refused_before_allocating():
-    m = _build('CaiT', 'xxs24', fast_forward=False).eval()  # timm's attention: N x N maps
+    m = _build('CaiT', 'xxs24', query_chunks=False).eval()  # timm's attention: N x N maps
     with pytest.raises(MemoryError, match=r'\(500x500 patches\) needs at least .* GiB .*'
                                           r'window_size=14'):
         with torch.no_grad():
@@ -83,3 +83,19 @@ def test_cait_attention_that_cannot_fit_is_refused_before_allocating():
 def test_bad_arguments_say_what_to_pass(family, arch, kwargs, error, match):
     with pytest.raises(error, match=match):
         _build(family, arch, **kwargs)
+
+
+@pytest.mark.parametrize('family,arch,name', [('XCiT', 'nano_12_p16', 'gram_xca'),
+                                              ('CaiT', 'xxs24', 'query_chunks')])
+def test_deprecated_fast_forward_still_works_and_says_the_new_name(family, arch, name,
+                                                                    monkeypatch):
+    import mmengine.logging
+    said = []
+    monkeypatch.setattr(mmengine.logging, 'print_log', lambda msg, **k: said.append(msg))
+    import deepvit_mm.backbones.columnar as columnar
+    monkeypatch.setattr(columnar, 'print_log', lambda msg, **k: said.append(msg))
+    m = _build(family, arch, fast_forward=False)
+    assert getattr(m, name) is False and m.fast_path is False
+    assert said == [f'{family}: fast_forward is deprecated, use {name}=False.']
+    with pytest.raises(ValueError, match=f"{name} must be 'auto', True or False"):
+        _build(family, arch, **{name: 'yes'})

@@ -27,9 +27,9 @@ def _randomize(m: nn.Module) -> nn.Module:
 
 def _pair(arch, **kw):
     # the tests' inputs are small, where 'auto' would pick timm's forward: force the fast one
-    fast = _randomize(XCiT(arch, fast_forward=True, **kw))
+    fast = _randomize(XCiT(arch, gram_xca=True, **kw))
     ref = copy.deepcopy(fast)
-    ref.fast_forward = False
+    ref.gram_xca = False
     return fast, ref
 
 
@@ -160,9 +160,9 @@ def test_auto_takes_the_fast_path_only_where_it_helps(monkeypatch, hw, fast_expe
         return real(*args, **kwargs)
     monkeypatch.setattr(xcit_fast, 'xca_block_inference', spy)
     auto = _randomize(XCiT('nano_12_p16'))
-    assert auto.fast_forward == 'auto'
+    assert auto.gram_xca == 'auto'
     ref = copy.deepcopy(auto)
-    ref.fast_forward = False
+    ref.gram_xca = False
     x = torch.randn(1, 3, *hw)
     with torch.no_grad():
         got, want = auto.eval()(x), ref.eval()(x)
@@ -171,11 +171,11 @@ def test_auto_takes_the_fast_path_only_where_it_helps(monkeypatch, hw, fast_expe
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * w.abs().max().item())
 
 
-def test_fast_forward_switch_validates_and_restores_timm():
+def test_gram_xca_switch_validates_and_restores_timm():
     m = XCiT('nano_12_p16')
     with pytest.raises(ValueError, match="'auto', True or False"):
-        m.fast_forward = 'fast'
-    m.fast_forward = False
+        m.gram_xca = 'fast'
+    m.gram_xca = False
     assert all('forward' not in blk.__dict__ for blk in m.trunk.blocks)
-    m.fast_forward = True
+    m.gram_xca = True
     assert all(blk.forward.__func__ is xcit_fast.xca_block_forward for blk in m.trunk.blocks)

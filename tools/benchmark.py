@@ -82,7 +82,7 @@ def parse_args(argv=None):
                                         'single-scale: mIoU; COCO: mAP) and report its metrics')
     p.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
                    help='override --config entries, e.g. test_dataloader.dataset.data_root=DIR; '
-                        'with --arch: backbone arguments, e.g. fast_forward=True')
+                        'with --arch: backbone arguments, e.g. gram_xca=True')
     p.add_argument('--timeout', type=float, default=None,
                    help='give up on one measurement after this many seconds (default: none)')
     p.add_argument('--out-dir', default='work_dirs/benchmark',

@@ -26,7 +26,7 @@ What dense prediction adds to timm's model, and why it is written here:
   (default: the tapped blocks) attends within windows (``GridTalkingHeadAttn``, timm's attention on
   window-partitioned tokens). Tokens travel through the blocks as a ``(B, H, W, C)`` grid so that
   the attention knows the layout; timm's LayerNorm, MLP, LayerScale and drop path work on it as is.
-* **Query chunks** (``fast_forward``): the talking-heads attention without its ``heads x N x N``
+* **Query chunks** (``query_chunks``): the talking-heads attention without its ``heads x N x N``
   maps (``window_attention.talking_heads_chunked``).
 """
 import logging
@@ -108,13 +108,14 @@ class CaiT(ColumnarBackbone):
             patches (ViTDet); 14 is the 224-pretraining grid. Default: 0.
         global_blocks (Sequence[int], optional): 0-based blocks that keep global attention when
             ``window_size > 0``. Default: ``out_indices``.
-        fast_forward (bool | str): Compute the talking-heads attention by chunks of query rows
+        query_chunks (bool | str): Compute the talking-heads attention by chunks of query rows
             (``window_attention.talking_heads_chunked``: the same result and gradients, no
             ``heads x N x N`` maps). ``'auto'``: on CPUs, 128 rows per chunk, for attention over
             more than 128 tokens (measured per global attention at 4,200 tokens: inference 4-5x,
             forward + backward ~3x faster than timm's); elsewhere timm's attention (not
             measured). ``True``: on every device; ``False``: timm's attention. With attention
-            dropout active, training uses timm's attention. Default: ``'auto'``.
+            dropout active, training uses timm's attention. (Called ``fast_forward`` before:
+            still accepted, with a deprecation message.) Default: ``'auto'``.
         norm_cfg (dict): Norm of the pyramid adapter. Default: ``dict(type='BN', requires_grad=True)``.
         frozen_stages (int): See ``ColumnarBackbone`` (0 freezes the patch and position
             embeddings). Default: -1.
@@ -128,11 +129,15 @@ class CaiT(ColumnarBackbone):
     arch_zoo = _cait_zoo()
     name_pattern = r'(?:cait_)?((?:xxs|xs|s|m)(?:24|36|48))(?:_(?:224|384|448))?'
 
-    def __init__(self, arch: str = 's24', *, layer_scale_init: Optional[float] = None,
-                 img_size: Optional[int] = None, window_size: int = 0,
+    classifier_parts = ('cls_token', 'blocks_token_only', 'norm', 'head')
+    # official releases ({'model': ...}, maybe `module.`) have timm's keys
+    checkpoint_filter = staticmethod(checkpoint_filter_fn)
+    fast_path_name = 'query_chunks'
+    query_chunks = ColumnarBackbone.fast_path
+
+    def __init__(self, arch: str = 's24', *, img_size: Optional[int] = None, window_size: int = 0,
                  global_blocks: Optional[Sequence[int]] = None,
-                 fast_forward: Union[bool, str] = 'auto', **kwargs) -> None:
-        self._layer_scale_init = layer_scale_init
+                 query_chunks: Union[bool, str] = 'auto', **kwargs) -> None:
         self._img_size = self._check_img_size(arch, img_size)
         if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 0:
             raise ValueError(f'CaiT: window_size={window_size!r} must be 0 (global attention) or a '
@@ -140,16 +145,15 @@ class CaiT(ColumnarBackbone):
         if not window_size and global_blocks is not None:
             raise ValueError(f'CaiT: global_blocks={tuple(global_blocks)} needs window_size > 0 '
                              '(without windows every block is global).')
-        super().__init__(arch, **kwargs)
+        super().__init__(arch, fast_path=query_chunks, **kwargs)
         # inference-only cache of resampled position embeddings; see `pos_embed_for`
         self._pos_cache: Dict[Tuple[int, int], torch.Tensor] = OrderedDict()
         self._pos_cache_stamp: Optional[tuple] = None
         self.window_size, self.global_blocks = self._check_windows(window_size, global_blocks)
         for i, blk in enumerate(self.trunk.blocks):
             blk.attn.window_size = 0 if i in self.global_blocks else self.window_size
-        self.fast_forward = fast_forward
 
-    def _apply_fast_forward(self, mode: Union[bool, str]) -> None:
+    def _apply_fast_path(self, mode: Union[bool, str]) -> None:
         chunk = {True: CPU_QUERY_CHUNK, False: None, 'auto': 'auto'}[mode]
         for blk in self.trunk.blocks:
             blk.attn.query_chunk = chunk
@@ -184,13 +188,16 @@ class CaiT(ColumnarBackbone):
                              f'(the default is out_indices {self.out_indices}).')
         return window_size, idx
 
-    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, **kwargs) -> nn.Module:
-        eta = spec.eta if self._layer_scale_init is None else self._layer_scale_init
+    def _stem_parameters(self) -> List[nn.Parameter]:
+        return [self.trunk.pos_embed]  # the learned position embedding
+
+    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: float,
+                     **kwargs) -> nn.Module:
         return Cait(
             img_size=self._img_size, patch_size=spec.patch_size, embed_dim=spec.embed_dim,
             # blocks after the last tap would be pruned right away: not built (nor initialised);
             # drop path is uniform over blocks, so nothing else depends on the depth
-            depth=max(self.out_indices) + 1, num_heads=spec.num_heads, init_values=eta,
+            depth=max(self.out_indices) + 1, num_heads=spec.num_heads, init_values=layer_scale,
             drop_path_rate=drop_path_rate, num_classes=0,
             # any size: the backbone pads inputs to a multiple of 32, and with pad_input=False
             # the patch embedding pads to a multiple of the patch size
@@ -313,10 +320,6 @@ class CaiT(ColumnarBackbone):
         return taps
 
     # ----------------------------------------------------------------- weights
-    def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        # official releases ({'model': ...}, maybe `module.`) have timm's keys: timm's own filter
-        return checkpoint_filter_fn(dict(state_dict), self.trunk)
-
     @classmethod
     def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
         if 'trunk.blocks.0.attn.proj_l.weight' not in state_dict \

@@ -8,7 +8,7 @@ convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_
 import difflib
 import numbers
 import re
-from typing import ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
@@ -22,10 +22,6 @@ from ..pyramid import ColumnarPyramid
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 
 __all__ = ['ColumnarBackbone', 'ArchSpec']
-
-# Trunk parts a dense backbone never builds: checkpoint tensors for them are dropped on purpose.
-_CLASSIFIER_PARTS = r'^trunk\.(head|head_dist|norm|fc_norm|cls_token|dist_token|cls_attn_blocks|' \
-                    r'blocks_token_only)(\.|$)'
 
 
 class ArchSpec(dict):
@@ -42,7 +38,8 @@ class ColumnarBackbone(BaseModule):
     """Base class of columnar (single-stride) transformer backbones for mmdet and mmseg.
 
     Subclasses define ``arch_zoo`` (short name -> ``ArchSpec``), ``name_pattern`` (a regex that
-    turns a timm model name into a short name), ``_build_trunk`` and ``_forward_taps``.
+    turns a timm model name into a short name), ``classifier_parts``, ``checkpoint_filter``,
+    ``fast_path_name``, ``_build_trunk``, ``_forward_taps`` and ``_apply_fast_path``.
 
     Args:
         arch (str): Short architecture name or timm's full model name.
@@ -65,14 +62,27 @@ class ColumnarBackbone(BaseModule):
             unpadded images): the conv stem then rounds each stride-2 step up and the max-pool
             levels round down, so level sizes are only close to ``H/s`` (mmseg's heads resize).
             Both give the same result on sizes divisible by the largest stride. Default: True.
+        layer_scale_init (float, optional): LayerScale init of every block; default: the
+            paper's for ``arch``.
+        fast_path (bool | str): The family's faster forward (``'auto'``, True or False); each
+            family takes it under a name that says what it does (``fast_path_name``).
+            Default: ``'auto'``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads a
-            classification, timm, detector or segmentor checkpoint and logs a report.
+            classification, timm, detector or segmentor checkpoint and logs a report;
+            ``checkpoint_key='student'`` takes a DINO checkpoint's student.
         pretrained (str, optional): mmseg's older spelling of ``init_cfg``'s checkpoint (its
             segmentors pass ``model.pretrained`` down). Default: None.
         trunk_kwargs: Passed to the timm model (e.g. ``attn_drop_rate``).
     """
     arch_zoo: ClassVar[Dict[str, ArchSpec]] = {}
     name_pattern: ClassVar[str] = ''
+    #: the timm trunk's classification parts, which a dense backbone never builds: checkpoint
+    #: tensors under them are dropped on purpose
+    classifier_parts: ClassVar[Tuple[str, ...]] = ()
+    #: timm's ``checkpoint_filter_fn(state_dict, model)`` of the family (official key layouts)
+    checkpoint_filter: ClassVar[Optional[Callable]] = None
+    #: the name of the family's argument (and attribute) for ``fast_path``
+    fast_path_name: ClassVar[str] = 'fast_path'
     families: ClassVar[List[Type['ColumnarBackbone']]] = []
 
     def __init_subclass__(cls, **kwargs):
@@ -90,6 +100,9 @@ class ColumnarBackbone(BaseModule):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  pad_input: bool = True,
+                 layer_scale_init: Optional[float] = None,
+                 fast_path: Union[bool, str] = 'auto',
+                 fast_forward: Union[bool, str, None] = None,
                  init_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None,
                  **trunk_kwargs) -> None:
@@ -127,7 +140,9 @@ class ColumnarBackbone(BaseModule):
         dpr = spec.drop_path_rate if drop_path_rate is None else drop_path_rate
         self.in_chans = trunk_kwargs.get('in_chans', 3)
 
-        self.trunk = self._build_trunk(spec, drop_path_rate=dpr, **trunk_kwargs)
+        layer_scale = spec.eta if layer_scale_init is None else layer_scale_init
+        self.trunk = self._build_trunk(spec, drop_path_rate=dpr, layer_scale=layer_scale,
+                                       **trunk_kwargs)
         self._kept_blocks = max(self.out_indices) + 1
         self.trunk.prune_intermediate_layers(self.out_indices, prune_norm=True, prune_head=True)
         try:
@@ -231,7 +246,9 @@ class ColumnarBackbone(BaseModule):
                 ColumnarBackbone._convert_batchnorms(child, norm_cfg)
 
     # ----------------------------------------------------------------- to implement
-    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, **kwargs) -> nn.Module:
+    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: float,
+                     **kwargs) -> nn.Module:
+        """The timm model for ``spec`` (LayerScale init ``layer_scale``)."""
         raise NotImplementedError
 
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
@@ -239,32 +256,53 @@ class ColumnarBackbone(BaseModule):
         raise NotImplementedError
 
     def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """Official/timm classification keys -> timm model keys (without ``trunk.``)."""
-        return state_dict
+        """Official/timm classification keys -> timm model keys (without ``trunk.``), with the
+        family's timm ``checkpoint_filter``."""
+        if self.checkpoint_filter is None:
+            return dict(state_dict)
+        return self.checkpoint_filter(dict(state_dict), self.trunk)
 
     @classmethod
     def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
         """The ``arch_zoo`` name a converted state dict was trained as, if recognisable."""
         return None
 
-    def _apply_fast_forward(self, mode: Union[bool, str]) -> None:
-        """Make the trunk run as ``fast_forward`` says (``'auto'``, True or False)."""
+    def _apply_fast_path(self, mode: Union[bool, str]) -> None:
+        """Make the trunk run as ``fast_path`` says (``'auto'``, True or False)."""
         raise NotImplementedError
+
+    def _stem_modules(self) -> List[nn.Module]:
+        """What ``frozen_stages=0`` freezes: the patch embedding (families add their position
+        encoding, as a module here or as a parameter in ``_stem_parameters``)."""
+        return [self.trunk.patch_embed]
+
+    def _stem_parameters(self) -> List[nn.Parameter]:
+        """Parameters outside any module of ``_stem_modules`` that ``frozen_stages=0`` freezes."""
+        return []
 
     # ----------------------------------------------------------------- faster forward
     @property
-    def fast_forward(self) -> Union[bool, str]:
+    def fast_path(self) -> Union[bool, str]:
         """``'auto'``, True or False: whether the trunk runs the family's faster forward (see
-        the family's class docstring)."""
-        return self._fast_forward
+        the family's class docstring; its argument is named ``fast_path_name``)."""
+        return self._fast_path
+
+    @fast_path.setter
+    def fast_path(self, mode: Union[bool, str]) -> None:
+        if mode not in (True, False, 'auto'):
+            raise ValueError(f"{type(self).__name__}: {self.fast_path_name} must be 'auto', True "
+                             f'or False, got {mode!r}')
+        self._fast_path = mode if mode == 'auto' else bool(mode)
+        self._apply_fast_path(self._fast_path)
+
+    @property
+    def fast_forward(self) -> Union[bool, str]:
+        """Deprecated name of ``fast_path`` (the family's ``fast_path_name``)."""
+        return self.fast_path
 
     @fast_forward.setter
     def fast_forward(self, mode: Union[bool, str]) -> None:
-        if mode not in (True, False, 'auto'):
-            raise ValueError(f"{type(self).__name__}: fast_forward must be 'auto', True or False, "
-                             f'got {mode!r}')
-        self._fast_forward = mode if mode == 'auto' else bool(mode)
-        self._apply_fast_forward(self._fast_forward)
+        self.fast_path = mode
 
     # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -363,11 +401,7 @@ class ColumnarBackbone(BaseModule):
     def _frozen_modules(self) -> List[nn.Module]:
         if self.frozen_stages < 0:
             return []
-        mods = [self.trunk.patch_embed]
-        if getattr(self.trunk, 'pos_embed', None) is not None and isinstance(
-                self.trunk.pos_embed, nn.Module):
-            mods.append(self.trunk.pos_embed)
-        return mods + list(self.trunk.blocks[:self.frozen_stages])
+        return self._stem_modules() + list(self.trunk.blocks[:self.frozen_stages])
 
     def _freeze_stages(self) -> None:
         if not -1 <= self.frozen_stages <= self._kept_blocks:
@@ -379,9 +413,8 @@ class ColumnarBackbone(BaseModule):
             m.eval()
             for p in m.parameters():
                 p.requires_grad = False
-        if self.frozen_stages >= 0 and isinstance(getattr(self.trunk, 'pos_embed', None),
-                                                  nn.Parameter):
-            self.trunk.pos_embed.requires_grad = False
+        for p in self._stem_parameters() if self.frozen_stages >= 0 else []:
+            p.requires_grad = False
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -423,7 +456,7 @@ class ColumnarBackbone(BaseModule):
         return {**{f'trunk.{k}': v for k, v in trunk.items()}, **adapter}
 
     def _drop_patterns(self) -> List[str]:
-        pats = [_CLASSIFIER_PARTS]
+        pats = [r'^trunk\.(' + '|'.join(self.classifier_parts) + r')(\.|$)']
         if self._kept_blocks < self.depth:
             pruned = '|'.join(str(i) for i in range(self._kept_blocks, self.depth))
             pats.append(rf'^trunk\.blocks\.({pruned})\.')

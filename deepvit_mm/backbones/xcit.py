@@ -66,14 +66,15 @@ class XCiT(ColumnarBackbone):
             F-SNE's parameter-matched width). See ``deepvit_mm.qkv``. Loading a linear checkpoint
             into a non-linear embedding loads everything else and reports the Q/K/V layers (and
             F-SNE's codes) as left at init. Default: None (linear).
-        fast_forward (bool | str): Run the blocks through ``xcit_fast`` (cross-covariance
+        gram_xca (bool | str): Run the blocks through ``xcit_fast`` (cross-covariance
             attention from the Gram matrix, contiguous LPI convs, fused LayerScale residuals,
             folded inference): the same parameters and the same result as timm's
             ``forward_intermediates`` (to float rounding), with less work on large inputs and
             more on small ones. ``'auto'``: per forward, only where it is measured to be faster
             (``xcit_fast.fast_path_helps``: on CPUs from 2 C tokens per image, on CUDA from a
             batch's B N C^2 of 2e9 in fp32 and 4e9 in bf16/fp16); ``True``: always; ``False``:
-            timm's own forward. Default: ``'auto'``.
+            timm's own forward. (Called ``fast_forward`` before: still accepted, with a
+            deprecation message.) Default: ``'auto'``.
         norm_cfg (dict): Norm of the conv parts (patch embedding, LPI, adapter).
             Default: ``dict(type='BN', requires_grad=True)``.
         frozen_stages (int): See ``ColumnarBackbone``. Default: -1.
@@ -86,19 +87,25 @@ class XCiT(ColumnarBackbone):
     name_pattern = r'(?:xcit_)?((?:nano|tiny|small|medium|large)_(?:12|24)_p(?:8|16))' \
                    r'(?:_(?:224|384))?(?:_dist)?'
 
-    def __init__(self, arch: str = 'small_12_p16', *, layer_scale_init: Optional[float] = None,
-                 qkv_cfg: Optional[dict] = None, fast_forward: Union[bool, str] = 'auto',
-                 **kwargs) -> None:
-        self._layer_scale_init = layer_scale_init
-        self.qkv_cfg = normalize_qkv_cfg(qkv_cfg)
-        super().__init__(arch, **kwargs)
-        self.fast_forward = fast_forward
+    classifier_parts = ('cls_token', 'cls_attn_blocks', 'norm', 'head')
+    # official releases: `pos_embeder.*` -> `pos_embed.*`
+    checkpoint_filter = staticmethod(checkpoint_filter_fn)
+    fast_path_name = 'gram_xca'
+    gram_xca = ColumnarBackbone.fast_path
 
-    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, **kwargs) -> nn.Module:
-        eta = spec.eta if self._layer_scale_init is None else self._layer_scale_init
+    def __init__(self, arch: str = 'small_12_p16', *, qkv_cfg: Optional[dict] = None,
+                 gram_xca: Union[bool, str] = 'auto', **kwargs) -> None:
+        self.qkv_cfg = normalize_qkv_cfg(qkv_cfg)
+        super().__init__(arch, fast_path=gram_xca, **kwargs)
+
+    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: float,
+                     **kwargs) -> nn.Module:
         trunk = timm.create_model(spec.timm, pretrained=False, num_classes=0,
-                                  drop_path_rate=drop_path_rate, eta=eta, **kwargs)
+                                  drop_path_rate=drop_path_rate, eta=layer_scale, **kwargs)
         return set_qkv_embed(trunk, self.qkv_cfg)
+
+    def _stem_modules(self) -> List[nn.Module]:
+        return super()._stem_modules() + [self.trunk.pos_embed]  # the Fourier encoding's conv
 
     def _frozen_modules(self) -> List[nn.Module]:
         mods = super()._frozen_modules()
@@ -119,7 +126,7 @@ class XCiT(ColumnarBackbone):
             pats += [r'^trunk\.blocks\.\d+\.attn\.qkv\.', r'^trunk\.qkv_codes\.']
         return pats
 
-    def _apply_fast_forward(self, mode: Union[bool, str]) -> None:
+    def _apply_fast_path(self, mode: Union[bool, str]) -> None:
         # The faster forward is installed on each block instance, so timm's own
         # forward_intermediates (its gradient checkpointing included) and forward hooks on the
         # blocks work unchanged; removing it restores timm's XCABlock.forward.
@@ -133,10 +140,6 @@ class XCiT(ColumnarBackbone):
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
         return self.trunk.forward_intermediates(
             x, indices=list(self.out_indices), output_fmt='NCHW', intermediates_only=True)
-
-    def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        # official releases: `pos_embeder.*` -> `pos_embed.*` (timm's own filter)
-        return checkpoint_filter_fn(dict(state_dict), self.trunk)
 
     @classmethod
     def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:

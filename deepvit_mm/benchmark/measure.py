@@ -79,7 +79,7 @@ class Case:
             ``baselines.BASELINES`` built from our backbone (``timm``, ``floor``; archs only).
             Default: ``ours``.
         cfg_options (dict): Config overrides for a config model; for an arch, the backbone's
-            keyword arguments (e.g. ``fast_forward=True``, ``window_size=14``). Default: {}.
+            keyword arguments (e.g. ``gram_xca=True``, ``window_size=14``). Default: {}.
         tensor_peak (bool): Also count the first call's tensor memory with ``torch.profiler``
             (``memory.tensor_peak``; the call then runs under the profiler). Default: False.
         mem_limit_gib (float): Address-space cap of the measuring process (``measure_isolated``
@@ -325,7 +325,7 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
         repeats (int): Timed calls of each implementation per mode. Default: 3.
         memory (bool): Also measure each one's peak memory. Default: True.
         modes (Sequence[tuple[str, str]]): ``(pass, dtype)`` pairs timed. Default: all four.
-        backbone_kwargs (dict, optional): The backbone's arguments (e.g. ``fast_forward=True``).
+        backbone_kwargs (dict, optional): The backbone's arguments (e.g. ``gram_xca=True``).
         baselines (Sequence[str]): What ours is compared with. Default: ``('timm',)``.
 
     Returns:
@@ -352,7 +352,7 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
         x = backbone_input(size, batch, device)
         out = dict(model=arch, label=arch, size=tuple(size), batch=batch, device=device,
                    threads=torch.get_num_threads(), warmup=warmup, repeats=repeats,
-                   fast_forward=ours.fast_forward, baselines=list(baselines))
+                   fast_path=ours.fast_path, baselines=list(baselines))
         checked = [n for n in baselines if models[n].checks_output]
         for m in models.values():
             m.eval()

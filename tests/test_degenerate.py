@@ -89,10 +89,8 @@ def test_bad_arguments_say_what_to_pass(family, arch, kwargs, error, match):
                                               ('CaiT', 'xxs24', 'query_chunks')])
 def test_deprecated_fast_forward_still_works_and_says_the_new_name(family, arch, name,
                                                                     monkeypatch):
-    import mmengine.logging
-    said = []
-    monkeypatch.setattr(mmengine.logging, 'print_log', lambda msg, **k: said.append(msg))
     import deepvit_mm.backbones.columnar as columnar
+    said = []
     monkeypatch.setattr(columnar, 'print_log', lambda msg, **k: said.append(msg))
     m = _build(family, arch, fast_forward=False)
     assert getattr(m, name) is False and m.fast_path is False

@@ -6,6 +6,7 @@ convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_
 ``with_cp`` and weight loading live here once.
 """
 import difflib
+import logging
 import numbers
 import re
 from typing import Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
@@ -14,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
+from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -168,7 +170,12 @@ class ColumnarBackbone(BaseModule):
         if with_cp:
             enable_grad_checkpointing(self.trunk)
         self._freeze_stages()
-        # detector/segmentor checkpoints of the official code load through load_state_dict too
+        if fast_forward is not None:  # its name until 0.1: one word for two unrelated paths
+            print_log(f'{type(self).__name__}: fast_forward is deprecated, use '
+                      f'{self.fast_path_name}={fast_forward!r}.', logger='current',
+                      level=logging.WARNING)
+            fast_path = fast_forward
+        self.fast_path = fast_path
 
     def _check_arguments(self, out_indices, drop_path_rate, norm_cfg, frozen_stages) -> None:
         """Argument types the trunk would reject with an unhelpful message (or accept wrongly)."""
@@ -364,7 +371,8 @@ class ColumnarBackbone(BaseModule):
             raise ValueError(f'{name}: with pad_input=False an input needs at least {least} pixels '
                              f'a side for the stride-{self.pad_to} level, got '
                              f'{tuple(x.shape[-2:])}; use pad_input=True or larger images.')
-        if not _exporting() and x.numel() and not torch.isfinite(x).all():
+        # (not on meta tensors, which have no values: FLOP counting runs the model on them)
+        if not _exporting() and x.device.type != 'meta' and x.numel() and not torch.isfinite(x).all():
             bad = int((~torch.isfinite(x)).sum())
             raise ValueError(f'{name}: the input holds {bad} NaN or infinite values, which would '
                              'make every output NaN. Check the images and the data preprocessor '

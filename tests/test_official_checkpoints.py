@@ -258,5 +258,5 @@ def test_tools_test_on_generated_ade20k_returns_miou(tmp_path, server, monkeypat
     assert re.findall(r'mIoU: (\d+\.\d+)', log), log[-3000:]
     code, log = test('backbone_only.pth')
     assert code != 0
-    assert re.search(r'has no weights for \d+ tensors of EncoderDecoder: neck.*it looks like a '
+    assert re.search(r'has no weights for \d+ tensors of EncoderDecoder: neck.*looks like a '
                      r'backbone checkpoint', log), log[-3000:]

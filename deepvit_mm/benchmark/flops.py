@@ -32,10 +32,10 @@ import torch
 import torch.nn as nn
 
 from .models import load_config
-from .report import markdown_table, size_str
+from .report import fmt, markdown_table, size_str
 
-__all__ = ['DEFAULT_SHAPES', 'Part', 'FlopsReport', 'count_macs', 'attention_macs', 'model_flops',
-           'config_flops', 'flops_markdown']
+__all__ = ['DEFAULT_SHAPES', 'Part', 'FlopsReport', 'count_macs', 'attention_macs',
+           'backbone_macs', 'model_flops', 'config_flops', 'flops_markdown']
 
 # The input sizes of the README's tables: COCO's 800 x 1333 padded to a multiple of 32 (mmdet's
 # data preprocessor), ADE20k's 512 x 512 crops
@@ -101,12 +101,14 @@ class FlopsReport:
 
     def summary(self) -> Dict[str, float]:
         """Millions of parameters and GFLOPs (multiply-adds / 1e9), rounded to 0.1, per group and
-        in total: what the metafiles and the README's tables hold."""
+        in total (the README's tables; the metafiles hold the exact totals); the neck's are None
+        for a model without one."""
         out = {}
         for g in ('backbone', 'neck', 'heads'):
             part = self.group(g)
-            out[f'{g}_params_m'] = round(part.params / 1e6, 1)
-            out[f'{g}_gflops'] = round(part.flops / 1e9, 1)
+            present = g != 'neck' or 'neck' in self.parts  # UperNet has no neck: None
+            out[f'{g}_params_m'] = round(part.params / 1e6, 1) if present else None
+            out[f'{g}_gflops'] = round(part.flops / 1e9, 1) if present else None
         out['params_m'] = round(self.params / 1e6, 1)
         out['gflops'] = round(self.flops / 1e9, 1)
         out['attention_gflops'] = round(self.group('backbone').attention / 1e9, 1)
@@ -191,6 +193,26 @@ def _counting_backbone(backbone: nn.Module) -> Iterator[None]:
             backbone.fast_forward = fast
 
 
+def backbone_macs(backbone: nn.Module, shape: Tuple[int, int],
+                  outputs: Optional[dict] = None) -> Dict[str, int]:
+    """Multiply-adds of a backbone's forward on one ``shape`` image, per module (``count_macs``),
+    counted on the ``meta`` device (the backbone is moved there) as its architecture computes it.
+
+    Args:
+        backbone (nn.Module): A deepvit_mm backbone (or any backbone taking ``(1, 3, H, W)``).
+        shape (tuple[int, int]): Input height and width.
+        outputs (dict, optional): Receives the (meta) outputs under ``'outputs'``.
+
+    Returns:
+        dict[str, int]: ``''`` the whole backbone, then each module path that ran counted ops.
+    """
+    backbone = backbone.to('meta').eval()
+    x = torch.empty(1, 3, *shape, device='meta')
+    box = {} if outputs is None else outputs
+    with _counting_backbone(backbone):
+        return count_macs(lambda: box.__setitem__('outputs', backbone(x)), backbone)
+
+
 def _proposals(n: int, shape: Tuple[int, int]):
     """``n`` fixed boxes of sizes 16..512 spread over an image of ``shape`` (what the RPN hands
     the RoI head; their values do not change the count)."""
@@ -225,13 +247,11 @@ def model_flops(model: nn.Module, task: str, shape: Tuple[int, int], label: str 
     model.eval()
     report = FlopsReport(label=label, task=task, shape=tuple(shape))
     meta = torch.device('meta')
-    x = torch.empty(1, 3, *shape, device=meta)
 
-    backbone = model.backbone.to(meta)
-    with _counting_backbone(backbone):
-        box = {}
-        macs = count_macs(lambda: box.setdefault('feats', backbone(x)), backbone)
-    feats = box['feats']
+    box = {}
+    macs = backbone_macs(model.backbone, shape, outputs=box)
+    feats = box['outputs']
+    backbone = model.backbone
     report.parts['backbone'] = Part(_params(backbone), macs[''], attention_macs(backbone, macs))
 
     neck = getattr(model, 'neck', None)
@@ -332,10 +352,9 @@ def flops_markdown(reports: Sequence[FlopsReport]) -> List[str]:
     rows = []
     for r in reports:
         s = r.summary()
-        rows.append([r.label, size_str(r.shape),
-                     s['backbone_params_m'], s['neck_params_m'], s['heads_params_m'], s['params_m'],
-                     s['backbone_gflops'], s['attention_gflops'], s['neck_gflops'],
-                     s['heads_gflops'], s['gflops']])
+        rows.append([r.label, size_str(r.shape)] + [fmt(s[k]) for k in (
+            'backbone_params_m', 'neck_params_m', 'heads_params_m', 'params_m', 'backbone_gflops',
+            'attention_gflops', 'neck_gflops', 'heads_gflops', 'gflops')])
     header = ['config', 'input', 'backbone M', 'neck M', 'heads M', '#params M',
               'backbone GFLOPs', '(attention)', 'neck GFLOPs', 'heads GFLOPs', 'GFLOPs']
     return markdown_table(header, rows)

@@ -6,6 +6,7 @@ checks them and says what to do.
 """
 import os
 import os.path as osp
+import re
 import shutil
 import sys
 
@@ -14,29 +15,50 @@ from setuptools import find_packages, setup
 HERE = osp.dirname(osp.abspath(__file__))
 
 
+def _mim_metafile(text: str) -> str:
+    """A metafile as ``.mim`` holds it: mim and mmengine read ``Config:`` relative to ``.mim``,
+    where the recipes are under ``configs/configs`` (see ``add_mim_extension``)."""
+    return re.sub(r'^(\s*Config:\s*)configs/', r'\1configs/configs/', text, flags=re.M)
+
+
 def add_mim_extension():
-    """Ship configs/ as ``deepvit_mm/.mim/configs/configs`` so that
-    ``_base_ = 'deepvit_mm::configs/<name>.py'`` resolves in an installed package (mmengine looks
-    in ``<package>/.mim/configs`` and wants a folder in the name), as mmdet and mmseg do.
-    Editable installs link the repo's folder; builds copy it."""
-    src = osp.join(HERE, 'configs')
-    dst_root = osp.join(HERE, 'deepvit_mm', '.mim', 'configs')
-    dst = osp.join(dst_root, 'configs')
-    if not osp.isdir(src):
-        return
-    os.makedirs(dst_root, exist_ok=True)
-    if osp.islink(dst) or osp.isfile(dst):
-        os.remove(dst)
-    elif osp.isdir(dst):
-        shutil.rmtree(dst)
-    # mmengine reads <package>/.mim/model-index.yml before it falls back to the config path
-    with open(osp.join(HERE, 'deepvit_mm', '.mim', 'model-index.yml'), 'w') as f:
-        f.write('Import: []\n')
+    """Fill ``deepvit_mm/.mim`` with what mim and mmengine read there, as mmdet and mmseg do:
+
+    * ``configs/`` as ``.mim/configs/configs``, so that ``_base_ = 'deepvit_mm::configs/<name>.py'``
+      resolves in an installed package (mmengine looks in ``<package>/.mim/configs`` and wants a
+      folder in the name);
+    * ``tools/`` as ``.mim/tools`` (``mim train`` / ``mim test`` run ``.mim/tools/train.py``,
+      ``test.py``);
+    * ``model-index.yml`` and ``metafiles/`` (``mim search deepvit_mm``; mmengine's
+      ``get_config('deepvit_mm::configs/<name>.py')`` and ``mim download`` take the weights from
+      them), with each ``Config:`` pointing at ``configs/configs/<name>.py``.
+
+    Editable installs link configs/ and tools/; builds copy them.
+    """
+    mim = osp.join(HERE, 'deepvit_mm', '.mim')
+    if not osp.isdir(osp.join(HERE, 'configs')):
+        return  # an sdist being built again: .mim came with it
     editable = any(a in sys.argv for a in ('develop', 'editable_wheel'))
-    if editable:
-        os.symlink(osp.relpath(src, dst_root), dst)
-    else:
-        shutil.copytree(src, dst)
+    for src, dst in (('configs', osp.join('configs', 'configs')), ('tools', 'tools')):
+        src, dst = osp.join(HERE, src), osp.join(mim, dst)
+        os.makedirs(osp.dirname(dst), exist_ok=True)
+        if osp.islink(dst) or osp.isfile(dst):
+            os.remove(dst)
+        elif osp.isdir(dst):
+            shutil.rmtree(dst)
+        if editable:
+            os.symlink(osp.relpath(src, osp.dirname(dst)), dst)
+        else:
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns('__pycache__'))
+    metafiles = osp.join(mim, 'metafiles')
+    shutil.rmtree(metafiles, ignore_errors=True)
+    os.makedirs(metafiles)
+    for name in sorted(os.listdir(osp.join(HERE, 'metafiles'))):
+        with open(osp.join(HERE, 'metafiles', name), encoding='utf-8') as f:
+            text = _mim_metafile(f.read())
+        with open(osp.join(metafiles, name), 'w', encoding='utf-8') as f:
+            f.write(text)
+    shutil.copyfile(osp.join(HERE, 'model-index.yml'), osp.join(mim, 'model-index.yml'))
 
 
 add_mim_extension()
@@ -50,8 +72,9 @@ setup(
     python_requires='>=3.9',
     packages=find_packages(include=['deepvit_mm', 'deepvit_mm.*']),
     include_package_data=True,
-    package_data={'deepvit_mm': ['.mim/model-index.yml', '.mim/configs/configs/*.py',
-                                 '.mim/configs/configs/**/*.py']},
+    package_data={'deepvit_mm': ['.mim/model-index.yml', '.mim/metafiles/*.yml',
+                                 '.mim/configs/configs/*.py', '.mim/configs/configs/**/*.py',
+                                 '.mim/tools/*.py', '.mim/tools/*.sh', '.mim/tools/**/*.py']},
     install_requires=[
         'mmengine>=0.10,<1.0',
         'mmdet>=3.0,<3.4',
@@ -62,6 +85,12 @@ setup(
         'ftfy',  # mmseg.utils imports them
         'regex',
     ],
-    extras_require={'tests': ['pytest', 'ruff']},
+    extras_require={
+        # `mim train|test|search deepvit_mm ...`
+        'mim': ['openmim'],
+        # tests/test_zoo.py runs mim and checks the FLOPs against fvcore's count;
+        # tools/train.py and tools/test.py --vis-backend tensorboard
+        'tests': ['pytest', 'ruff', 'openmim', 'fvcore', 'tensorboard'],
+    },
     license='Apache-2.0',
 )

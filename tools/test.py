@@ -11,10 +11,13 @@ from mmengine.runner import Runner  # noqa: E402
 
 from deepvit_mm.checkpoints import require_complete_model, resolve_checkpoint  # noqa: E402
 from deepvit_mm.runtime import (  # noqa: E402
+    VIS_BACKENDS,
+    enable_tta,
     enable_visualization,
     keep_freed_cpu_memory,
     prepare_config,
-    setup_cpu_distributed,  # noqa: E402
+    set_vis_backends,
+    setup_cpu_distributed,
 )
 
 
@@ -28,6 +31,11 @@ def parse_args():
                                            'under work_dir/<timestamp>/)')
     parser.add_argument('--show', action='store_true', help='show predictions in a window')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds each window shows')
+    parser.add_argument('--tta', action='store_true',
+                        help='test-time augmentation: the config\'s tta_model and tta_pipeline')
+    parser.add_argument('--vis-backend', nargs='+', choices=sorted(VIS_BACKENDS),
+                        help='where scalars and drawn predictions go: local (work_dir/<timestamp>/'
+                             'vis_data) and/or tensorboard (event files there)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
@@ -50,9 +58,12 @@ def main():
         sys.exit(str(e))
     cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
                          launcher=args.launcher, load_from=checkpoint)
+    set_vis_backends(cfg, args.vis_backend)
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     if args.show or args.show_dir:
         enable_visualization(cfg, args.show_dir, args.show, args.wait_time)
+    if args.tta:
+        enable_tta(cfg)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     with require_complete_model():  # a backbone-only checkpoint would evaluate to mAP 0
         runner.test()

@@ -10,9 +10,11 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from deepvit_mm.runtime import (  # noqa: E402
+    VIS_BACKENDS,
     keep_freed_cpu_memory,
     prepare_config,
-    setup_cpu_distributed,  # noqa: E402
+    set_vis_backends,
+    setup_cpu_distributed,
 )
 
 
@@ -25,6 +27,9 @@ def parse_args():
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from this checkpoint, or (no value) from the latest one in '
                              'the work dir')
+    parser.add_argument('--vis-backend', nargs='+', choices=sorted(VIS_BACKENDS),
+                        help='where scalars and drawn predictions go: local (work_dir/<timestamp>/'
+                             'vis_data) and/or tensorboard (event files there)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. train_cfg.max_iters=100')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
@@ -43,6 +48,7 @@ def main():
         keep_freed_cpu_memory()  # large feature maps reuse freed pages (see its docstring)
     cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
                          launcher=args.launcher, amp=args.amp, resume=args.resume)
+    set_vis_backends(cfg, args.vis_backend)
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     runner.train()

@@ -8,10 +8,19 @@
 """
 from .allocator import keep_freed_cpu_memory
 from .amp import CPUAmpOptimWrapper, run_mmcv_ops_in_float32
-from .config import enable_visualization, prepare_config, task_of
+from .config import (
+    VIS_BACKENDS,
+    build_inferencer,
+    enable_tta,
+    enable_visualization,
+    prepare_config,
+    set_vis_backends,
+    task_of,
+)
 from .distributed import CPUDistributedDataParallel, setup_cpu_distributed
 from .hooks import CrashSafeCheckpointHook, FiniteLossHook, RNGStateHook
 
 __all__ = ['CrashSafeCheckpointHook', 'FiniteLossHook', 'RNGStateHook', 'CPUAmpOptimWrapper',
            'run_mmcv_ops_in_float32', 'CPUDistributedDataParallel', 'setup_cpu_distributed',
-           'keep_freed_cpu_memory', 'prepare_config', 'task_of', 'enable_visualization']
+           'keep_freed_cpu_memory', 'prepare_config', 'task_of', 'enable_visualization',
+           'VIS_BACKENDS', 'set_vis_backends', 'enable_tta', 'build_inferencer']

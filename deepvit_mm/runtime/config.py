@@ -1,12 +1,15 @@
 """Reading a config for a run as mmdet's and mmseg's tools do: ``tools/train.py``,
 ``tools/test.py`` and the benchmark harness's evaluation use it."""
+import copy
 import os.path as osp
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
-from mmengine.config import Config
+from mmengine.config import Config, ConfigDict
+from mmengine.logging import print_log
 
-__all__ = ['task_of', 'prepare_config', 'enable_visualization']
+__all__ = ['task_of', 'prepare_config', 'enable_visualization', 'VIS_BACKENDS', 'set_vis_backends',
+           'TTA_SCALE_RATIOS', 'enable_tta', 'build_inferencer']
 
 
 def task_of(cfg: Config) -> str:
@@ -69,3 +72,187 @@ def enable_visualization(cfg: Config, show_dir: Optional[str], show: bool = Fals
             hook['test_out_dir'] = show_dir
         else:
             cfg.visualizer['save_dir'] = show_dir
+
+
+# ``--vis-backend`` names -> mmengine's visualization backends
+VIS_BACKENDS = {'local': 'LocalVisBackend', 'tensorboard': 'TensorboardVisBackend'}
+
+
+def set_vis_backends(cfg: Config, backends: Optional[Sequence[str]]) -> None:
+    """Make ``cfg.visualizer.vis_backends`` exactly ``backends`` (``tools/train.py`` and
+    ``tools/test.py --vis-backend local tensorboard``): scalars (losses, learning rate, metrics)
+    and drawn predictions go to each; ``local`` writes ``<work_dir>/<timestamp>/vis_data``,
+    ``tensorboard`` an event file there too (``tensorboard --logdir <work_dir>``).
+
+    Args:
+        cfg (Config): Changed in place.
+        backends (Sequence[str], optional): Names among ``VIS_BACKENDS``; None or empty leaves
+            the config's own.
+    """
+    if not backends:
+        return
+    unknown = sorted(set(backends) - set(VIS_BACKENDS))
+    if unknown:
+        raise ValueError(f'unknown visualization backend(s) {unknown}: choose from '
+                         f'{sorted(VIS_BACKENDS)}')
+    if 'tensorboard' in backends:
+        try:
+            import tensorboard  # noqa: F401  (mmengine's backend imports it only when it first writes)
+        except ImportError as e:
+            raise ImportError('--vis-backend tensorboard needs the tensorboard package: '
+                              'pip install tensorboard') from e
+    if cfg.get('visualizer') is None:
+        raise ValueError('the config has no `visualizer`; inherit mmdet\'s or mmseg\'s '
+                         'default_runtime.py')
+    cfg.visualizer['vis_backends'] = [dict(type=VIS_BACKENDS[b]) for b in dict.fromkeys(backends)]
+
+
+# mmseg's ADE20k test-time scales (its _base_/datasets/ade20k.py `img_ratios`)
+TTA_SCALE_RATIOS = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75)
+
+
+def enable_tta(cfg: Config) -> None:
+    """Evaluate with test-time augmentation (``tools/test.py --tta``), as mmdet's and mmseg's own
+    ``tools/test.py --tta`` do: the model is wrapped in ``cfg.tta_model`` (mmdet's
+    ``DetTTAModel``, mmseg's ``SegTTAModel``) and the test set is read through
+    ``cfg.tta_pipeline``, which runs every image once per augmented view.
+
+    The recipes define both in their bases (configs/_base_/schedules/: COCO the test scale with
+    and without a horizontal flip, as mmdet's *_tta.py configs; ADE20k mmseg's six scales x flip).
+    A config without them gets what mmdet's tools/test.py falls back to (``DetTTAModel``, the test
+    pipeline with and without flip) or, for mmseg, ``SegTTAModel`` over its test ``Resize`` at
+    ``TTA_SCALE_RATIOS`` x flip.
+
+    mmdet 3.3's ``DetTTAModel`` merges boxes only (it refuses masks): for a model with a mask head
+    the mask head is left out and only ``bbox`` is evaluated (the checkpoint's mask-head tensors
+    are then reported as skipped).
+
+    Args:
+        cfg (Config): A config read by ``prepare_config``; changed in place.
+    """
+    task = task_of(cfg)
+    if 'tta_model' not in cfg:
+        print_log('--tta: the config has no tta_model; using ' +
+                  ('DetTTAModel (NMS at IoU 0.5, 100 boxes), as mmdet\'s tools/test.py does'
+                   if task == 'det' else 'SegTTAModel'), logger='current', level=30)
+        cfg.tta_model = (dict(type='DetTTAModel', tta_cfg=dict(
+            nms=dict(type='nms', iou_threshold=0.5), max_per_img=100)) if task == 'det'
+                         else dict(type='SegTTAModel'))
+    if 'tta_pipeline' not in cfg:
+        cfg.tta_pipeline = _default_tta_pipeline(cfg, task)
+        print_log('--tta: the config has no tta_pipeline; using its test pipeline with '
+                  + ('and without a horizontal flip' if task == 'det' else
+                     f'its Resize at scales x{list(TTA_SCALE_RATIOS)}, with and without a '
+                     'horizontal flip'), logger='current', level=30)
+    if task == 'det' and cfg.model.get('roi_head', {}).get('mask_head') is not None:
+        print_log('--tta: mmdet\'s DetTTAModel merges boxes only; the mask head is left out '
+                  '(its checkpoint tensors are skipped) and only bbox is evaluated',
+                  logger='current', level=30)
+        cfg.model.roi_head.mask_head = None
+        cfg.model.roi_head.mask_roi_extractor = None
+        evaluators = cfg.test_evaluator if isinstance(cfg.test_evaluator, list) \
+            else [cfg.test_evaluator]
+        for ev in evaluators:
+            metric = ev.get('metric')
+            if isinstance(metric, (list, tuple)) and 'bbox' in metric:
+                ev['metric'] = ['bbox']
+            elif metric == 'segm':
+                ev['metric'] = 'bbox'
+    cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+    cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
+
+
+def _default_tta_pipeline(cfg: Config, task: str) -> list:
+    data = cfg.test_dataloader.dataset
+    while 'dataset' in data:  # dataset wrappers
+        data = data['dataset']
+    pipeline = copy.deepcopy(list(data.pipeline))
+    flips = [dict(type='RandomFlip', prob=1., direction='horizontal'),
+             dict(type='RandomFlip', prob=0., direction='horizontal')]
+    if task == 'det':  # mmdet's tools/test.py: the last transform (packing) after both flips
+        pack = dict(pipeline[-1])
+        pack['meta_keys'] = tuple(pack.get('meta_keys', (
+            'img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))) + (
+            'flip', 'flip_direction')
+        return pipeline[:-1] + [dict(type='TestTimeAug', transforms=[flips, [pack]])]
+    at = next((i for i, t in enumerate(pipeline) if t['type'] == 'Resize' and 'scale' in t), None)
+    if at is None:  # nothing to scale: flips only
+        return pipeline[:-1] + [dict(type='TestTimeAug', transforms=[flips, [pipeline[-1]]])]
+    resize = pipeline[at]
+    w, h = resize['scale']
+    scales = [dict(resize, scale=(round(w * r), round(h * r))) for r in TTA_SCALE_RATIOS]
+    return pipeline[:at] + [dict(type='TestTimeAug',
+                                 transforms=[scales, flips] + [[t] for t in pipeline[at + 1:]])]
+
+
+def build_inferencer(config: str, weights: str, device: Optional[str] = None):
+    """mmdet's ``DetInferencer`` or mmseg's ``MMSegInferencer`` for a config (told apart by its
+    ``default_scope``), as ``demo/image_demo.py`` uses it.
+
+    The weights are read by ``deepvit_mm.checkpoints`` (a local file, or an http(s) URL
+    downloaded once to the torch hub cache). The class names drawn are the checkpoint's
+    (mmengine's ``dataset_meta``, or the ``CLASSES`` of an mmdet 2.x / mmseg 0.x checkpoint, e.g.
+    the official XCiT ones); where it has none, or names that do not fit the model's number of
+    classes, the config dataset's (the inferencers would fall back to COCO's or Cityscapes').
+
+    Args:
+        config (str): An mmdet or mmseg config file.
+        weights (str): A detector/segmentor checkpoint: a path or an http(s) URL.
+        device (str, optional): Default: ``'cuda:0'`` when available, else ``'cpu'``.
+
+    Returns:
+        tuple: The inferencer and the task, ``'det'`` or ``'seg'``.
+    """
+    from .checkpoints import resolve_checkpoint
+    if not osp.isfile(config):
+        raise FileNotFoundError(f'config not found: {config!r}')
+    cfg = Config.fromfile(config)
+    task = task_of(cfg)
+    device = device or ('cuda:0' if torch.cuda.is_available() else 'cpu')
+    weights = resolve_checkpoint(weights)
+    if task == 'det':
+        from mmdet.apis import DetInferencer as Inferencer
+    else:
+        from mmseg.apis import MMSegInferencer as Inferencer
+    inferencer = Inferencer(model=cfg, weights=weights, device=device)
+    model = inferencer.model
+    meta = dict(getattr(model, 'dataset_meta', None) or {})
+    classes = meta.get('classes')
+    if classes is None or len(classes) != _num_classes(model, task):
+        model.dataset_meta = _config_dataset_meta(cfg, task)
+        inferencer.visualizer.dataset_meta = model.dataset_meta
+    return inferencer, task
+
+
+def _num_classes(model: nn.Module, task: str) -> int:
+    if task == 'seg':
+        return int(model.decode_head.num_classes)
+    head = getattr(getattr(model, 'roi_head', None), 'bbox_head', None) or model.bbox_head
+    return int(head.num_classes)
+
+
+def _config_dataset_meta(cfg: Config, task: str) -> dict:
+    """Class names and colours of the config's test dataset: the dataset's own colours for the
+    classes it names, fixed random ones where it has none."""
+    if task == 'det':
+        from mmdet.registry import DATASETS
+        from mmdet.utils import register_all_modules
+    else:
+        from mmseg.registry import DATASETS
+        from mmseg.utils import register_all_modules
+    register_all_modules(init_default_scope=False)
+    data = cfg.test_dataloader.dataset
+    while 'dataset' in data:
+        data = data['dataset']
+    full = dict(getattr(DATASETS.get(data['type']), 'METAINFO', {}))
+    given = dict(data.get('metainfo') or {})
+    classes = tuple(given.get('classes', full.get('classes', ())))
+    palette = given.get('palette')
+    if palette is None or len(palette) != len(classes):
+        names, colours = list(full.get('classes', ())), list(full.get('palette') or ())
+        if len(colours) == len(names) and all(c in names for c in classes):
+            palette = [tuple(colours[names.index(c)]) for c in classes]  # the dataset's colours
+        else:  # the same colours every run
+            palette = [tuple(int(v) for v in c)
+                       for c in np.random.RandomState(0).randint(0, 256, (len(classes), 3))]
+    return dict(classes=classes, palette=[tuple(c) for c in palette])

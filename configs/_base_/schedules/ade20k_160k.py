@@ -7,6 +7,9 @@
 # From mmseg's bases: the ADE20k data pipeline (random resize of (2048, 512) x 0.5..2.0, 512x512
 # crop, flip, photometric distortion; test: resize to (2048, 512) keeping the ratio, whole-image
 # inference), the runtime, the 160k schedule (its SGD replaced here).
+# Test-time augmentation (tools/test.py --tta) is mmseg's, from the same bases: `tta_pipeline`
+# (ADE20k's, scales x0.5, 0.75, 1.0, 1.25, 1.5, 1.75 of the image, each with and without a
+# horizontal flip) and `tta_model` (SegTTAModel: the 12 views' class probabilities averaged).
 _base_ = [
     'mmseg::_base_/datasets/ade20k.py', 'mmseg::_base_/default_runtime.py',
     'mmseg::_base_/schedules/schedule_160k.py', '../default_runtime.py'

@@ -23,3 +23,25 @@ optim_wrapper = dict(
     paramwise_cfg=dict(_base_.paramwise_cfg, _delete_=True))
 default_hooks = dict(checkpoint=dict(_base_.checkpoint_hook, interval=1))  # every epoch
 del _base_.checkpoint_hook, _base_.paramwise_cfg  # used: not left in the resolved config
+
+# Test-time augmentation (tools/test.py --tta), as mmdet's own *_tta.py configs define it: the test
+# scale with and without a horizontal flip, merged by DetTTAModel (boxes of both views, NMS at IoU
+# 0.5, 100 per image). mmdet 3.3's DetTTAModel merges boxes only, so with --tta the mask head is
+# left out and bbox alone is evaluated (deepvit_mm.runtime.enable_tta).
+tta_model = dict(
+    type='DetTTAModel',
+    tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100))
+tta_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=None),
+    dict(
+        type='TestTimeAug',
+        transforms=[
+            [dict(type='Resize', scale=(1333, 800), keep_ratio=True)],
+            # flipped before anything is padded, so that the boxes flip back exactly
+            [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
+            [dict(type='LoadAnnotations', with_bbox=True)],
+            [dict(type='PackDetInputs',
+                  meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor',
+                             'flip', 'flip_direction'))],
+        ])
+]

@@ -17,7 +17,7 @@ demo: setup
 	$(PY) tools/test.py $(DEMO_CFG) $$(cat $(DEMO_DIR)/last_checkpoint) --work-dir $(DEMO_DIR) --show-dir vis
 
 lint: setup
-	$(PY) -m ruff check deepvit_mm tools tests configs
+	$(PY) -m ruff check deepvit_mm tools tests configs demo
 
 test: setup lint
 	$(PY) -m pytest -q tests

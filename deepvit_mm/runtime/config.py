@@ -4,7 +4,9 @@ import copy
 import os.path as osp
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
+import torch.nn as nn
 from mmengine.config import Config, ConfigDict
 from mmengine.logging import print_log
 

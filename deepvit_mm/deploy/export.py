@@ -12,7 +12,8 @@ data preprocessors of the recipes pad to and what the backbones pad to themselve
 no padding branch depends on the size. Inside that range the graph has no size-dependent Python
 branch left: the backbones skip their value checks while exporting and take fixed choices where
 their ``fast_forward='auto'`` would decide per input (``deepvit_mm/backbones/xcit_fast.py``,
-``window_attention.py``, ``cait.py``'s position embedding).
+``window_attention.py``, ``cait.py``'s position embedding), and the heads' layers that would
+freeze it run their export forms (``layers.py``: mmseg's ``Upsample``, ``AdaptiveAvgPool2d``).
 """
 import os
 from typing import List, Optional, Sequence, Tuple
@@ -20,6 +21,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import torch.nn as nn
+
+from .layers import export_forms
 
 __all__ = ['SIZE_DIVISOR', 'DYNAMIC_MIN', 'DYNAMIC_MAX', 'DEFAULT_OPSET', 'require',
            'load_model', 'export_onnx', 'onnxruntime_session', 'run_onnx', 'example_input']
@@ -59,8 +62,7 @@ def load_model(config: str, checkpoint: Optional[str] = None, cfg_options: Optio
         tuple[nn.Module, str]: the model and its task (``'det'`` or ``'seg'``).
     """
     from ..benchmark.models import build_from_config, load_config
-    from ..checkpoints import (load_weights, read_checkpoint, require_complete_model,
-                               resolve_checkpoint)
+    from ..checkpoints import load_weights, read_checkpoint, require_complete_model, resolve_checkpoint
     model, task = build_from_config(load_config(config, cfg_options))
     if checkpoint is not None:
         path = resolve_checkpoint(checkpoint)
@@ -121,7 +123,7 @@ def export_onnx(wrapper: nn.Module, out: str, shape: Sequence[int] = (512, 512),
             shape = (shape[0], w if w <= DYNAMIC_MAX else shape[1] - SIZE_DIVISOR)
     wrapper.eval()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with torch.no_grad():
+    with torch.no_grad(), export_forms(wrapper):
         program = torch.onnx.export(
             wrapper, (example_input(shape),), dynamo=True, opset_version=opset,
             input_names=['input'], output_names=list(wrapper.output_names),

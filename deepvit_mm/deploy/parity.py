@@ -5,12 +5,12 @@
 * detections: ``match_detections`` pairs each PyTorch box above a score threshold with an
   exported one of the same label and IoU above a threshold (one-to-one, best IoU first).
 """
-from typing import Dict, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ['max_rel_err', 'match_detections']
+__all__ = ['max_rel_err', 'match_detections', 'check_export']
 
 
 def max_rel_err(reference: Sequence[torch.Tensor], outputs: Sequence[np.ndarray]) -> float:
@@ -55,3 +55,34 @@ def match_detections(ref_boxes: torch.Tensor, ref_scores: torch.Tensor, ref_labe
         iou[:, j] = 0
     return dict(reference=len(rb), exported=len(ob), matched=len(pairs),
                 min_iou=min(ious) if ious else 1.0, pairs=pairs)
+
+
+def check_export(wrapper: torch.nn.Module, session, shapes: Sequence[Sequence[int]],
+                 seed: int = 1) -> List[dict]:
+    """Run ``wrapper`` (PyTorch, eager) and ``session`` (its export in ONNX Runtime) on the same
+    random input at each ``(H, W)`` of ``shapes``.
+
+    Returns:
+        list[dict]: per shape, ``shape`` and, for maps, ``max_rel_err``; for a detector (whose
+        outputs on a random image are compared in full: score threshold 0, IoU 0.95),
+        ``match_detections``'s counts.
+    """
+    from .export import example_input, run_onnx
+    from .wrappers import DetectorForExport
+    rows = []
+    for shape in shapes:
+        x = example_input(shape, seed)
+        with torch.no_grad():
+            ref = wrapper(x)
+        ref = tuple(ref) if isinstance(ref, (tuple, list)) else (ref,)
+        out = run_onnx(session, x)
+        row = dict(shape=tuple(shape))
+        if isinstance(wrapper, DetectorForExport):
+            dets, labels = torch.as_tensor(out[0])[0], torch.as_tensor(out[1])[0]
+            m = match_detections(ref[0][0, :, :4], ref[0][0, :, 4], ref[1][0], dets[:, :4],
+                                 dets[:, 4], labels, score_thr=0.0)
+            row.update({k: v for k, v in m.items() if k != 'pairs'})
+        else:
+            row['max_rel_err'] = max_rel_err(ref, out)
+        rows.append(row)
+    return rows

@@ -62,6 +62,9 @@ setup(
         'ftfy',  # mmseg.utils imports them
         'regex',
     ],
-    extras_require={'tests': ['pytest', 'ruff']},
+    # deploy: ONNX export (torch.onnx's exporter needs onnxscript) and ONNX Runtime; the test
+    # command installs it too (tools/setup_env.sh), since tests/test_deploy.py needs it
+    extras_require={'tests': ['pytest', 'ruff'],
+                    'deploy': ['onnx', 'onnxruntime', 'onnxscript']},
     license='Apache-2.0',
 )

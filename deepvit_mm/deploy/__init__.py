@@ -17,6 +17,7 @@ from .export import (
     DYNAMIC_MAX,
     DYNAMIC_MIN,
     SIZE_DIVISOR,
+    dynamic_range,
     example_input,
     export_onnx,
     load_model,
@@ -29,6 +30,6 @@ from .parity import check_export, match_detections, max_rel_err
 from .wrappers import BackboneForExport, DetectorForExport, SegmentorForExport, wrap_for_export
 
 __all__ = ['mask_rcnn_end_to_end', 'DEFAULT_OPSET', 'DYNAMIC_MAX', 'DYNAMIC_MIN', 'SIZE_DIVISOR',
-           'example_input', 'export_onnx', 'load_model', 'onnxruntime_session', 'require',
+           'dynamic_range', 'example_input', 'export_onnx', 'load_model', 'onnxruntime_session', 'require',
            'run_onnx', 'BackboneForExport', 'DetectorForExport', 'SegmentorForExport',
            'wrap_for_export', 'export_forms', 'check_export', 'match_detections', 'max_rel_err']

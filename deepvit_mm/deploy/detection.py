@@ -23,6 +23,7 @@ from typing import List, Sequence, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmdet.structures.bbox import get_box_tensor
 from torch import Tensor
 
 __all__ = ['batched_nms', 'clip_boxes', 'roi_features', 'rpn_proposals', 'bbox_detections',
@@ -102,7 +103,7 @@ def rpn_proposals(rpn_head: nn.Module, feats: Sequence[Tensor], cfg, height, wid
         all_priors.append(pri)
         all_levels.append(torch.full_like(scores, lvl, dtype=torch.long))
     scores, levels = torch.cat(all_scores), torch.cat(all_levels)
-    boxes = rpn_head.bbox_coder.decode(torch.cat(all_priors), torch.cat(all_deltas))
+    boxes = get_box_tensor(rpn_head.bbox_coder.decode(torch.cat(all_priors), torch.cat(all_deltas)))
     boxes = clip_boxes(boxes, height, width)
     min_size = cfg.get('min_bbox_size', -1)
     if min_size >= 0:
@@ -127,7 +128,7 @@ def bbox_detections(roi_head: nn.Module, feats: Sequence[Tensor], proposals: Ten
     rois = torch.cat([proposals.new_zeros(proposals.shape[0], 1), proposals[:, :4]], dim=1)
     cls_score, bbox_pred = head(roi_features(roi_head.bbox_roi_extractor, feats, rois))
     scores = F.softmax(cls_score, dim=-1)
-    boxes = head.bbox_coder.decode(proposals[:, :4], bbox_pred)
+    boxes = get_box_tensor(head.bbox_coder.decode(proposals[:, :4], bbox_pred))
     num_classes = scores.shape[1] - 1
     boxes = clip_boxes(boxes.reshape(boxes.shape[0], -1, 4), height, width)
     if boxes.shape[1] == 1:  # class-agnostic regression

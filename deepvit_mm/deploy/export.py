@@ -7,7 +7,8 @@ needs >= 6), and its rewrites call TorchScript-exporter internals that torch 2.1
 (``symbolic_opset9._cast_Long``); see docs/deployment.md.
 
 ``--dynamic`` (``dynamic=True``): one file for any input whose height and width are multiples of
-``SIZE_DIVISOR`` in ``[DYNAMIC_MIN, DYNAMIC_MAX]``. Multiples of 32 because that is what the
+``SIZE_DIVISOR`` in ``[DYNAMIC_MIN, DYNAMIC_MAX]`` (``dynamic_range``: windowed CaiT from 256).
+Multiples of 32 because that is what the
 data preprocessors of the recipes pad to and what the backbones pad to themselves: on such inputs
 no padding branch depends on the size. Inside that range the graph has no size-dependent Python
 branch left: the backbones skip their value checks while exporting and take fixed choices where
@@ -24,7 +25,7 @@ import torch.nn as nn
 
 from .layers import export_forms
 
-__all__ = ['SIZE_DIVISOR', 'DYNAMIC_MIN', 'DYNAMIC_MAX', 'DEFAULT_OPSET', 'require',
+__all__ = ['SIZE_DIVISOR', 'DYNAMIC_MIN', 'DYNAMIC_MAX', 'DEFAULT_OPSET', 'require', 'dynamic_range',
            'load_model', 'export_onnx', 'onnxruntime_session', 'run_onnx', 'example_input']
 
 SIZE_DIVISOR = 32
@@ -80,12 +81,26 @@ def example_input(shape: Sequence[int], seed: int = 0) -> torch.Tensor:
     return backbone_input(tuple(shape), 1, 'cpu', seed)
 
 
-def _check_dynamic_shape(shape: Sequence[int]) -> None:
+def dynamic_range(wrapper: nn.Module) -> Tuple[int, int]:
+    """The sizes (each of H and W, multiples of ``SIZE_DIVISOR``) a ``--dynamic`` export of
+    ``wrapper`` accepts: ``[DYNAMIC_MIN, DYNAMIC_MAX]``, except that a CaiT with windowed
+    attention needs more than one window a side (from ``window_size * patch_size + 1`` pixels,
+    e.g. 256 for 14-patch windows at /16): a grid that fits in one window is attended globally,
+    without padding, a different computation the graph cannot switch to."""
+    from ..backbones import ColumnarBackbone
+    lo = DYNAMIC_MIN
+    for m in wrapper.modules():
+        if isinstance(m, ColumnarBackbone) and getattr(m, 'window_size', 0):
+            least = m.window_size * m.patch_size + 1
+            lo = max(lo, -(-least // SIZE_DIVISOR) * SIZE_DIVISOR)
+    return lo, DYNAMIC_MAX
+
+
+def _check_dynamic_shape(shape: Sequence[int], lo: int, hi: int) -> None:
     h, w = shape
-    if any(s % SIZE_DIVISOR or not DYNAMIC_MIN <= s <= DYNAMIC_MAX for s in (h, w)):
+    if any(s % SIZE_DIVISOR or not lo <= s <= hi for s in (h, w)):
         raise ValueError(f'--dynamic: the example shape {h}x{w} must be multiples of '
-                         f'{SIZE_DIVISOR} in [{DYNAMIC_MIN}, {DYNAMIC_MAX}] (the range the file '
-                         'will accept)')
+                         f'{SIZE_DIVISOR} in [{lo}, {hi}] (the range the file will accept)')
 
 
 def export_onnx(wrapper: nn.Module, out: str, shape: Sequence[int] = (512, 512),
@@ -100,7 +115,8 @@ def export_onnx(wrapper: nn.Module, out: str, shape: Sequence[int] = (512, 512),
             without ``dynamic``; with it, a square one is traced 32 px wider (see below).
             Default: (512, 512).
         dynamic (bool): Height and width become graph inputs: any multiples of ``SIZE_DIVISOR``
-            in ``[DYNAMIC_MIN, DYNAMIC_MAX]``. Default: False.
+            in ``dynamic_range(wrapper)`` (``[DYNAMIC_MIN, DYNAMIC_MAX]``, or from 256 for
+            windowed CaiT). Default: False.
         opset (int): ONNX opset. Default: ``DEFAULT_OPSET`` (18).
 
     Returns:
@@ -112,15 +128,16 @@ def export_onnx(wrapper: nn.Module, out: str, shape: Sequence[int] = (512, 512),
     dynamic_shapes = None
     if dynamic:
         from torch.export import Dim
-        _check_dynamic_shape(shape)
-        lo, hi = DYNAMIC_MIN // SIZE_DIVISOR, DYNAMIC_MAX // SIZE_DIVISOR
-        dynamic_shapes = {'input': {2: SIZE_DIVISOR * Dim('h32', min=lo, max=hi),
-                                    3: SIZE_DIVISOR * Dim('w32', min=lo, max=hi)}}
+        lo, hi = dynamic_range(wrapper)
+        _check_dynamic_shape(shape, lo, hi)
+        dynamic_shapes = {'input': {
+            2: SIZE_DIVISOR * Dim('h32', min=lo // SIZE_DIVISOR, max=hi // SIZE_DIVISOR),
+            3: SIZE_DIVISOR * Dim('w32', min=lo // SIZE_DIVISOR, max=hi // SIZE_DIVISOR)}}
         if shape[0] == shape[1]:
             # reason: torch.export takes two dims of equal example size to be the same symbol
             # ("duck shaping"); the graph would then assume H == W and fail on other inputs
             w = shape[1] + SIZE_DIVISOR
-            shape = (shape[0], w if w <= DYNAMIC_MAX else shape[1] - SIZE_DIVISOR)
+            shape = (shape[0], w if w <= hi else shape[1] - SIZE_DIVISOR)
     wrapper.eval()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with torch.no_grad(), export_forms(wrapper):

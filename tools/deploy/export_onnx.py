@@ -5,7 +5,8 @@ padded), ``[1, 3, H, W]``. Outputs: backbone (--backbone-only): its pyramid maps
 ``stride32``; segmentor: ``seg_logits`` ``[1, K, H, W]``; detector: ``dets`` ``[1, N, 5]``
 (x1, y1, x2, y2, score in input pixels), ``labels`` ``[1, N]``, ``masks`` ``[1, N, 28, 28]``
 (mmdeploy's end-to-end layout). Without --dynamic the file accepts only --shape; with it, any
-height and width that are multiples of 32 in [64, 2048]. After exporting, the file is run in ONNX
+height and width that are multiples of 32 in [64, 2048] (CaiT with windowed attention: from the
+first size above one window, e.g. 256). After exporting, the file is run in ONNX
 Runtime against PyTorch on a random input (at --shape, and with --dynamic at a second size).
 
 Examples:
@@ -38,7 +39,8 @@ def parse_args(argv=None):
                    help='input height and width (with --dynamic: the traced example; multiples '
                         'of 32). Default: 512 512')
     p.add_argument('--dynamic', action='store_true',
-                   help='one file for any H and W that are multiples of 32 in [64, 2048]')
+                   help='one file for any H and W that are multiples of 32 in [64, 2048] '
+                        '(windowed CaiT: from 256)')
     p.add_argument('--backbone-only', action='store_true',
                    help='export the backbone (its pyramid maps) instead of the whole model')
     p.add_argument('--opset', type=int, default=18, help='ONNX opset (default: 18)')
@@ -52,9 +54,8 @@ def main(argv=None):
     args = parse_args(argv)
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
     from deepvit_mm.deploy import (
-        DYNAMIC_MAX,
-        DYNAMIC_MIN,
         check_export,
+        dynamic_range,
         export_onnx,
         load_model,
         onnxruntime_session,
@@ -67,7 +68,8 @@ def main(argv=None):
         export_onnx(wrapper, args.out, args.shape, dynamic=args.dynamic, opset=args.opset)
     except ValueError as e:
         sys.exit(str(e))
-    sizes = (f'H, W: multiples of 32 in [{DYNAMIC_MIN}, {DYNAMIC_MAX}]' if args.dynamic
+    lo, hi = dynamic_range(wrapper)
+    sizes = (f'H, W: multiples of 32 in [{lo}, {hi}]' if args.dynamic
              else f'H, W = {args.shape[0]}, {args.shape[1]} only')
     print(f'wrote {args.out}: input [1, 3, H, W] ({sizes}); outputs '
           f'{", ".join(wrapper.output_names)}')
@@ -76,7 +78,7 @@ def main(argv=None):
     h, w = args.shape
     shapes = [(h, w)]
     if args.dynamic:
-        shapes.append((min(h + 64, DYNAMIC_MAX), max(w - 64, DYNAMIC_MIN)))
+        shapes.append((min(h + 64, hi), max(w - 64, lo)))
     for row in check_export(wrapper, onnxruntime_session(args.out), shapes):
         print('ONNX Runtime vs PyTorch at {}x{}: {}'.format(
             *row.pop('shape'), ', '.join(f'{k} {v:.3g}' if isinstance(v, float) else f'{k} {v}'

@@ -88,6 +88,8 @@ setup(
     extras_require={
         # `mim train|test|search deepvit_mm ...`
         'mim': ['openmim'],
+        # ONNX export (torch.onnx's exporter needs onnxscript) and ONNX Runtime
+        'deploy': ['onnx', 'onnxruntime', 'onnxscript'],
         # tests/test_zoo.py runs mim and checks the FLOPs against fvcore's count;
         # tools/train.py and tools/test.py --vis-backend tensorboard
         'tests': ['pytest', 'ruff', 'openmim', 'fvcore', 'tensorboard'],

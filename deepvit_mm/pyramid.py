@@ -32,7 +32,7 @@ class ConvTranspose2x2(nn.ConvTranspose2d):
     Same parameters and state-dict keys as the PyTorch layer (official checkpoints load unchanged)
     and the same values to float rounding. On CPUs the forward is one batched GEMM of the input
     with the weight viewed as ``(4 * C_out, C_in)`` (the bias folded in) and a pixel shuffle; other
-    devices run PyTorch's kernel.
+    devices, and exports (ONNX, torch.export, tracing), run PyTorch's kernel.
 
     Args:
         in_channels (int): Input channels.
@@ -45,7 +45,9 @@ class ConvTranspose2x2(nn.ConvTranspose2d):
         super().__init__(in_channels, out_channels, kernel_size=2, stride=2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != 'cpu' or x.dim() != 4:
+        from .backbones.columnar import _exporting  # here: columnar imports this module
+        # exporting: one ConvTranspose op (the row loop below would freeze the input's height)
+        if x.device.type != 'cpu' or x.dim() != 4 or _exporting():
             return super().forward(x)
         B, _, H, W = x.shape
         # weight (C_in, C_out, 2, 2) -> rows o * 4 + i * 2 + j, the channel order pixel_shuffle reads

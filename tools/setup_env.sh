@@ -6,8 +6,8 @@
 #   - torch 2.13.0 + torchvision 0.28.0, unless a supported torch that imports is already there
 #   - mmcv 2.1.0 compiled with its ops (~9 min on 2 cores); a wheel cache is used when
 #     PIP_FIND_LINKS points to one
-#   - this package (editable) with mmengine, mmdet, mmseg, timm... pinned by
-#     requirements/constraints.txt
+#   - this package (editable) with mmengine, mmdet, mmseg, timm... and its tests and deploy
+#     extras (pytest, ruff; onnx, onnxruntime, onnxscript), pinned by requirements/constraints.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -59,7 +59,7 @@ if ! "$PY" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '2.1.0'" 2>/dev
 fi
 
 echo "[setup] installing deepvit_mm and its dependencies"
-"${PIP[@]}" -q -c "$CONSTRAINTS" -e ".[tests]"
+"${PIP[@]}" -q -c "$CONSTRAINTS" -e ".[tests,deploy]"
 "$PY" -c "import deepvit_mm; print('[setup] deepvit_mm', deepvit_mm.__version__, 'ready')"
 echo "$WANT" > "$STAMP"
 echo "[setup] done in $(( $(date +%s) - t0 )) s"

@@ -44,7 +44,7 @@ from timm.models import checkpoint
 from timm.models.cait import Cait, checkpoint_filter_fn
 
 from ..registry import register_model
-from .columnar import ArchSpec, ColumnarBackbone, count_blocks
+from .columnar import ArchSpec, ColumnarBackbone, _exporting, count_blocks
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 
 __all__ = ['CaiT']
@@ -222,6 +222,8 @@ class CaiT(ColumnarBackbone):
         cached per grid size (at most 8 sizes, least recently used first out). The cache is
         stamped with the parameter's version counter, storage, dtype and device, so any change of
         the weights (an optimizer step, ``load_state_dict``, ``.to()``, ``.half()``) invalidates it.
+        While exporting (ONNX, torch.export, tracing) it is resampled inside the graph, uncached,
+        so that the exported graph follows the input's size.
 
         Args:
             grid (tuple[int, int]): Patch grid ``(h, w)`` of the input.
@@ -230,6 +232,9 @@ class CaiT(ColumnarBackbone):
             Tensor: ``(1, h * w, embed_dim)``.
         """
         pos = self.trunk.pos_embed
+        if _exporting():  # resampled inside the graph at the input's grid: no cache, no int()
+            return resample_abs_pos_embed(pos, new_size=list(grid), old_size=self.pos_embed_grid,
+                                          num_prefix_tokens=0)
         grid = (int(grid[0]), int(grid[1]))
         old = self.pos_embed_grid
         if grid == old:

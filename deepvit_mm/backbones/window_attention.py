@@ -29,6 +29,8 @@ import torch
 from timm.models.cait import TalkingHeadAttn
 from timm.models.vision_transformer_sam import window_partition, window_unpartition
 
+from .columnar import _exporting
+
 __all__ = ['GridTalkingHeadAttn', 'talking_heads_chunked', 'default_query_chunk',
            'CPU_QUERY_CHUNK']
 
@@ -39,7 +41,11 @@ CPU_QUERY_CHUNK = 128
 
 def default_query_chunk(device: torch.device) -> Optional[int]:
     """Query rows per step of ``talking_heads_chunked`` for 'auto': ``CPU_QUERY_CHUNK`` on CPUs
-    (measured), None (timm's attention; not measured) elsewhere."""
+    (measured), None (timm's attention; not measured) elsewhere. None while exporting (ONNX,
+    torch.export, tracing): the chunk loop would freeze the example input's token count into the
+    graph; an explicit ``query_chunk`` (``fast_forward=True``) still chunks, at that size only."""
+    if _exporting():
+        return None
     return CPU_QUERY_CHUNK if device.type == 'cpu' else None
 
 

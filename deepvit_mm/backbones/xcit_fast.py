@@ -36,6 +36,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
+from .columnar import _exporting
+
 __all__ = ['fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward', 'xca_block_inference',
            'xca_block_forward_auto', 'fast_path_helps', 'has_linear_qkv', 'default_chunk']
 
@@ -155,12 +157,19 @@ CPU_MIN_TOKENS_PER_CHANNEL = 2
 #   fp32 the gain came and went from run to run (0.8x to 1.36x): left off.
 CUDA_MIN_WORK_FP32 = 2e9
 CUDA_MIN_WORK_LOW_PRECISION = 4e9
+# * Export (ONNX, torch.export, tracing): the rule above depends on the input's size, and the exported
+#   graph would keep the branch taken for the example input at every size; 'auto' takes this fixed
+#   path instead, and ``xca_block_inference`` runs unchunked (a loop over tokens would freeze
+#   their number). The choice is ONNX Runtime's speed, docs/deployment.md.
+EXPORT_FAST_PATH = True
 
 
 def fast_path_helps(x: torch.Tensor) -> bool:
     """The 'auto' rule: whether ``xca_block_forward`` is expected to be faster than timm's
     ``XCABlock.forward`` on tokens ``x`` ``(B, N, C)`` (the thresholds above; devices other than
-    CPU and CUDA: False, not measured)."""
+    CPU and CUDA: False, not measured; while exporting: ``EXPORT_FAST_PATH``)."""
+    if _exporting():
+        return EXPORT_FAST_PATH
     B, N, C = x.shape
     dev = x.device.type
     if dev == 'cpu':
@@ -224,7 +233,9 @@ def _add_linear_(out: torch.Tensor, res: torch.Tensor, y: torch.Tensor, weight_t
 def default_chunk(device: torch.device) -> Optional[int]:
     """Tokens per step of ``xca_block_inference`` on ``device``: 1,024 on CPUs (a chunk's
     intermediates stay in cache), None (every token of every image at once) elsewhere, where
-    fewer and larger kernels win."""
+    fewer and larger kernels win. None while exporting (see ``EXPORT_FAST_PATH``)."""
+    if _exporting():
+        return None
     return 1024 if device.type == 'cpu' else None
 
 

@@ -1,0 +1,35 @@
+"""Deployment: ONNX export of the models the Runner trains, and ONNX Runtime inference.
+
+* ``wrappers``: the export contract (one ``input`` tensor; backbone maps, ``seg_logits``, or
+  ``dets`` / ``labels`` / ``masks``) around the Runner's own modules;
+* ``detection``: Mask R-CNN's test-time post-processing in ops that export to standard ONNX;
+* ``layers``: export forms of the head layers whose forward would freeze the input size;
+* ``export``: building a config's model with its checkpoint, ``torch.onnx`` export (fixed or
+  dynamic size), ONNX Runtime sessions;
+* ``parity``: exported outputs against PyTorch's (relative error, detection matching);
+* ``speed``: ONNX Runtime against PyTorch eager, timed interleaved by the benchmark harness.
+
+``tools/deploy/`` calls these; docs/deployment.md says how, and what was measured.
+"""
+from .detection import mask_rcnn_end_to_end
+from .export import (
+    DEFAULT_OPSET,
+    DYNAMIC_MAX,
+    DYNAMIC_MIN,
+    SIZE_DIVISOR,
+    dynamic_range,
+    example_input,
+    export_onnx,
+    load_model,
+    onnxruntime_session,
+    require,
+    run_onnx,
+)
+from .layers import export_forms
+from .parity import check_export, match_detections, max_rel_err
+from .wrappers import BackboneForExport, DetectorForExport, SegmentorForExport, wrap_for_export
+
+__all__ = ['mask_rcnn_end_to_end', 'DEFAULT_OPSET', 'DYNAMIC_MAX', 'DYNAMIC_MIN', 'SIZE_DIVISOR',
+           'dynamic_range', 'example_input', 'export_onnx', 'load_model', 'onnxruntime_session', 'require',
+           'run_onnx', 'BackboneForExport', 'DetectorForExport', 'SegmentorForExport',
+           'wrap_for_export', 'export_forms', 'check_export', 'match_detections', 'max_rel_err']

@@ -43,7 +43,7 @@ def default_query_chunk(device: torch.device) -> Optional[int]:
     """Query rows per step of ``talking_heads_chunked`` for 'auto': ``CPU_QUERY_CHUNK`` on CPUs
     (measured), None (timm's attention; not measured) elsewhere. None while exporting (ONNX,
     torch.export, tracing): the chunk loop would freeze the example input's token count into the
-    graph; an explicit ``query_chunk`` (``fast_forward=True``) still chunks, at that size only."""
+    graph; an explicit ``query_chunk`` (``query_chunks=True``) still chunks, at that size only."""
     if _exporting():
         return None
     return CPU_QUERY_CHUNK if device.type == 'cpu' else None

@@ -13,7 +13,7 @@ How the count is taken:
   element-wise work (norms, activations, softmax, pooling, resizing) is not counted.
 * The backbone, neck and dense heads run on the ``meta`` device: shapes only, no arithmetic, so a
   full-size count takes well under a second. XCiT counts its blocks as timm computes them
-  (``fast_forward=False``; the backbone's fast path gives the same result with fewer multiply-adds).
+  (``fast_path=False``; the backbone's fast path gives the same result with fewer multiply-adds).
 * Two-stage RoI heads run as mmdet's ``tools/analysis_tools/get_flops.py`` runs them (the
   detector's ``tensor`` mode, ``StandardRoIHead.forward``): the box head on ``max_per_img`` RoIs of
   the RPN's test config (1000 in the recipes) and the mask head on the first 100. Their cost does

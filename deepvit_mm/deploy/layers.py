@@ -2,7 +2,7 @@
 
 Inside ``export_forms(model)`` each such layer of ``model`` runs a form that computes the same
 values from sizes kept symbolic; outside it nothing is changed (the forwards are set on the
-instances for the block only, as the backbones' ``fast_forward`` sets theirs):
+instances for the block only, as the backbones' ``gram_xca`` sets theirs):
 
 * mmseg's ``Upsample`` (Semantic FPN's scale heads) computes its output size as
   ``int(t * scale)``: ``int()`` of a traced size is a constant in the graph. For an integral scale

@@ -1,7 +1,7 @@
 """CPU inference speed of an exported model in ONNX Runtime against PyTorch eager (ours).
 
 Both run the same export wrapper (``wrappers``): PyTorch eager calls it directly (the backbones'
-``fast_forward='auto'``, as in a test run), ONNX Runtime runs its export. Timing is the benchmark
+``gram_xca``/``query_chunks='auto'``, as in a test run), ONNX Runtime runs its export. Timing is the benchmark
 harness's (``deepvit_mm.benchmark.measure``): ``warmup`` untimed calls of each, then ``repeats``
 timed calls of each, interleaved call by call with the order rotating, so that both see the same
 machine load; medians are reported. Both use ``threads`` threads (torch's intra-op threads and

@@ -14,7 +14,8 @@ no padding branch depends on the size. Inside that range the graph has no size-d
 branch left: the backbones skip their value checks while exporting and take fixed choices where
 their ``'auto'`` fast paths (``gram_xca``, ``query_chunks``) would decide per input
 (``deepvit_mm/backbones/xcit_fast.py``, ``window_attention.py``, ``cait.py``'s position
-embedding), and the heads' layers that would freeze it run their export forms (``layers.py``: mmseg's ``Upsample``, ``AdaptiveAvgPool2d``).
+embedding), and the heads' layers that would freeze it run their export forms (``layers.py``:
+mmseg's ``Upsample``, ``AdaptiveAvgPool2d``).
 """
 import os
 from typing import List, Optional, Sequence, Tuple

@@ -1,6 +1,23 @@
+"""Shared fixtures and helpers of the tests.
+
+* isolation: every test starts from seed 0 and from the default scope it found (mmengine's default
+  scope is process-wide and ``init_default_scope`` / ``register_all_modules()`` would otherwise
+  leave theirs to every later test);
+* model builders: ``build_model`` (a config's detector or segmentor through mmdet's or mmseg's
+  registry), ``config_from_text`` (a config written inline, over mmdet's/mmseg's own bases);
+* tiny data: ``seg_inputs`` (a segmentation batch), ``finite_loss_and_grads`` (one training step
+  of a built model), the ``shapes`` COCO-format demo dataset, ``official_xcit_state_dict``;
+* ``randomize_`` (non-trivial BatchNorm statistics and LayerScale, so that comparisons see them);
+* ``server``: a local HTTP server for URL checkpoints.
+
+Test files import the helpers (``from conftest import build_model``), as pytest puts ``tests/`` on
+``sys.path``; fixtures need no import.
+"""
+import copy
 import http.server
 import os
 import sys
+import textwrap
 import threading
 
 import pytest
@@ -11,6 +28,14 @@ sys.path.insert(0, ROOT)
 
 import deepvit_mm  # noqa: E402,F401  (registers the backbones)
 
+CONFIG_DIR = os.path.join(ROOT, 'configs')
+DEMO_DET = os.path.join(CONFIG_DIR, 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
+DEMO_SEG = os.path.join(CONFIG_DIR, 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
+# Early taps prune a trunk to its first 4 blocks (timm's prune_intermediate_layers; CaiT does not
+# even build the others): tests that are not about the default taps use them to stay fast.
+EARLY = (0, 1, 2, 3)
+
+# the whole session: the tests run on 2 shared CPU cores (set once here, never changed by a test)
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
@@ -18,6 +43,94 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _restore_default_scope(monkeypatch):
+    """Whatever default scope a test sets is gone after it (the test sees a copy of mmengine's
+    instance table, as ``DefaultScope.overwrite_default_scope`` does)."""
+    from mmengine.registry import DefaultScope
+    monkeypatch.setattr(DefaultScope, '_instance_dict', copy.copy(DefaultScope._instance_dict))
+
+
+# ------------------------------------------------------------------------------ model builders
+def build_model(cfg, *, pretrained: bool = False) -> torch.nn.Module:
+    """A config's whole detector or segmentor on CPU, as ``deepvit_mm.benchmark.build_from_config``
+    builds it: mmdet's or mmseg's ``MODELS`` by the config's ``default_scope``, under that scope
+    only, SyncBN reverted to BN (as mmengine's Runner does in one process), ``init_weights()`` run.
+
+    Args:
+        cfg (Config): A loaded config (not modified).
+        pretrained (bool): Keep the backbone's ``init_cfg`` (a weights file, loaded by
+            ``init_weights``). Default: False (dropped: the tests have no weights files; so is
+            mmseg's ``model.pretrained``).
+    """
+    from deepvit_mm.benchmark import build_from_config
+    cfg = copy.deepcopy(cfg)
+    if not pretrained:
+        cfg.model.backbone.init_cfg = None
+        if 'pretrained' in cfg.model:
+            cfg.model.pretrained = None
+    return build_from_config(cfg)[0]
+
+
+def config_from_text(tmp_path, text: str):
+    """A config written inline (indented text is dedented), read by mmengine from a file."""
+    from mmengine.config import Config
+    path = tmp_path / 'cfg.py'
+    path.write_text(textwrap.dedent(text))
+    return Config.fromfile(str(path))
+
+
+# ------------------------------------------------------------------------------ tiny data
+def seg_inputs(batch: int = 2, h: int = 64, w: int = 96, num_classes: int = 150) -> dict:
+    """A segmentation batch as mmseg's data loader gives it: uint8 images, random label maps."""
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    inputs, samples = [], []
+    for _ in range(batch):
+        inputs.append(torch.randint(0, 255, (3, h, w), dtype=torch.uint8))
+        s = SegDataSample(gt_sem_seg=PixelData(data=torch.randint(0, num_classes, (1, h, w))))
+        s.set_metainfo(dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w)))
+        samples.append(s)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def finite_loss_and_grads(model: torch.nn.Module, data: dict) -> dict:
+    """One training step of a built detector/segmentor: the loss is finite and every trainable
+    backbone parameter gets a finite gradient. Returns the logged losses."""
+    model.train()
+    data = model.data_preprocessor(data, True)
+    loss, log_vars = model.parse_losses(model(**data, mode='loss'))
+    assert torch.isfinite(loss)
+    loss.backward()
+    grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+    return log_vars
+
+
+@pytest.fixture(scope='session')
+def shapes(tmp_path_factory) -> str:
+    """The COCO-format shapes demo dataset (16 train, 2 val images of 128 px), made once."""
+    from deepvit_mm.datasets import make_shapes_coco
+    root = str(tmp_path_factory.mktemp('shapes'))
+    make_shapes_coco(root, num_train=16, num_val=2, size=128, seed=0)
+    return root
+
+
+def randomize_(module: torch.nn.Module) -> torch.nn.Module:
+    """Non-trivial BatchNorm statistics and LayerScale (XCiT's ``gamma1/2/3``, CaiT's
+    ``gamma_1/2``), in place: CaiT's and deep XCiTs' LayerScale starts at 1e-5 or 1e-6, where a
+    residual branch vanishes under a 1e-5 tolerance."""
+    with torch.no_grad():
+        for mod in module.modules():
+            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+                mod.running_mean.uniform_(-0.5, 0.5)
+                mod.running_var.uniform_(0.5, 1.5)
+        for n, p in module.named_parameters():
+            if n.endswith(('gamma1', 'gamma2', 'gamma3', 'gamma_1', 'gamma_2')):
+                p.uniform_(0.2, 0.6)
+    return module
 
 
 def official_xcit_state_dict(timm_model: torch.nn.Module) -> dict:
@@ -33,6 +146,7 @@ def official_xcit_state_dict(timm_model: torch.nn.Module) -> dict:
     return {'model': sd, 'epoch': 400}
 
 
+# ------------------------------------------------------------------------------ network
 @pytest.fixture
 def server(tmp_path):
     """An HTTP server on 127.0.0.1 serving ``tmp_path/www``; counts the requests it answers."""

@@ -9,15 +9,14 @@ import sys
 
 import pytest
 import torch
+from conftest import DEMO_DET, build_model
 from mmcv.ops import RoIAlign, nms
 from mmengine.config import Config
-from mmengine.registry import init_default_scope
 
-from deepvit_mm.datasets import make_shapes_coco
 from deepvit_mm.runtime import CPUAmpOptimWrapper, prepare_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
+CFG = DEMO_DET
 
 
 def _wrapper(model):
@@ -59,12 +58,10 @@ def test_amp_picks_the_wrapper_for_the_device(monkeypatch):
 
 
 def test_bf16_losses_close_to_float32():
-    from mmdet.registry import MODELS
     from mmdet.testing import demo_mm_inputs
     cfg = Config.fromfile(CFG)
     cfg.model.backbone.arch = 'nano_12_p16'
-    init_default_scope('mmdet')
-    model = MODELS.build(cfg.model).train()
+    model = build_model(cfg).train()
     data = model.data_preprocessor(demo_mm_inputs(
         batch_size=1, image_shapes=[(3, 64, 64)], num_items=[3], num_classes=3, with_mask=True),
         True)
@@ -83,12 +80,6 @@ def test_bf16_losses_close_to_float32():
     assert losses[True] != losses[False]  # bf16 did compute something
     assert losses[True] == pytest.approx(losses[False], rel=0.05)
 
-
-@pytest.fixture(scope='module')
-def shapes(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp('shapes'))
-    make_shapes_coco(root, num_train=8, num_val=1, size=128, seed=0)
-    return root
 
 
 def test_train_amp_on_cpu_gives_finite_losses(shapes, tmp_path):

@@ -320,7 +320,7 @@ def test_benchmark_tool_compare_only_for_cait(tmp_path):
     assert (row['label'], row['pass']) == ('xxs24', 'fwd_fp32')
     assert float(row['max_rel_err_fp32']) < 1e-5
     assert float(row['ratio_floor']) == pytest.approx(float(row['ours_ms']) / float(row['floor_ms']))
-    assert float(row['ours_mem_mib']) > 0 and row['timm_mem_mib']  # measured, isolated
+    assert float(row['ours_mem_mib']) > 0 and float(row['timm_mem_mib']) > 0  # measured, isolated
 
 
 def test_benchmark_tool_option_errors():

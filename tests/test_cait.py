@@ -1,5 +1,7 @@
-"""CaiT backbone: parity with timm, any input size, position-embedding resampling and its cache,
-windowed attention, gradients, arch names, input checks, weights and recipes."""
+"""CaiT only: its position embedding at any input size (resampling and its cache), windowed
+attention, query-chunked attention, its checkpoints and recipes, its arguments. Shapes, gradients,
+parity with timm at the model's own grid, the paper's sizes (Tables 3 and 4), arch names and input
+checks of every arch: test_backbones.py."""
 import copy
 import gc
 import os
@@ -8,6 +10,7 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from conftest import CONFIG_DIR, EARLY, build_model, finite_loss_and_grads, randomize_, seg_inputs
 from mmengine.config import Config
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
@@ -16,67 +19,18 @@ from timm.models.cait import TalkingHeadAttn
 from deepvit_mm import CaiT, CheckpointError, XCiT
 from deepvit_mm.backbones.window_attention import GridTalkingHeadAttn, talking_heads_chunked
 
-ALL_ARCHS = list(CaiT.arch_zoo)
-TAPS = {24: (7, 11, 15, 23), 36: (11, 17, 23, 35), 48: (15, 23, 31, 47)}
-# Early taps prune the trunk to 4 blocks (timm's prune_intermediate_layers): the tests that are not
-# about the default taps use them to stay fast on 2 CPU cores.
-EARLY = (0, 1, 2, 3)
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs')
-
-
-def _randomize_layer_scale(module: torch.nn.Module) -> None:
-    """LayerScale starts at 1e-5: residual branches would vanish under a 1e-5 tolerance, so give
-    them weight before comparing anything."""
-    with torch.no_grad():
-        for n, p in module.named_parameters():
-            if n.endswith(('gamma_1', 'gamma_2')):
-                p.uniform_(0.2, 0.6)
-
 
 def _timm_model(name: str, **kwargs) -> torch.nn.Module:
-    m = timm.create_model(name, num_classes=1000, **kwargs)
-    _randomize_layer_scale(m)
-    return m.eval()
-
-
-def _timm_twin(backbone: CaiT, **kwargs) -> torch.nn.Module:
-    """timm's own Cait (as deep as the backbone's pruned trunk) with the backbone's weights."""
-    spec = backbone.arch_zoo[backbone.arch]
-    g = backbone.pos_embed_grid
-    ref = timm.create_model(spec.timm, num_classes=0, img_size=g[0] * 16,
-                            depth=len(backbone.trunk.blocks), **kwargs)
-    trunk_sd = {k[6:]: v for k, v in backbone.state_dict().items() if k.startswith('trunk.')}
-    missing, unexpected = ref.load_state_dict(trunk_sd, strict=False)
-    assert not unexpected
-    assert missing and all(k.startswith(('blocks_token_only', 'cls_token', 'norm.')) for k in missing)
-    return ref.eval()
+    return randomize_(timm.create_model(name, num_classes=1000, **kwargs)).eval()
 
 
 # ------------------------------------------------------------------------------ parity with timm
-@pytest.mark.parametrize('arch,res,taps', [('xxs24', 224, None), ('cait_xxs24_384', 384, EARLY),
-                                          ('xs24', 224, (1, 2, 4, 5))])
-def test_taps_equal_timm_intermediates_at_own_resolution(arch, res, taps):
-    m = CaiT(arch, out_indices=taps).eval()
-    assert m.pos_embed_grid == (res // 16, res // 16)
-    _randomize_layer_scale(m)
-    ref = _timm_twin(m)
-    x = torch.randn(1, 3, res, res)
-    with torch.no_grad():
-        want = ref.forward_intermediates(x, indices=list(m.out_indices), intermediates_only=True,
-                                         stop_early=True)
-        got = m._forward_taps(x)
-    assert len(got) == 4
-    for g, w in zip(got, want):
-        assert g.shape == w.shape == (1, m.embed_dim, res // 16, res // 16)
-        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
-
-
 @pytest.mark.parametrize('hw', [(160, 224), (96, 320)])
 def test_taps_at_other_sizes_equal_timm_with_resampled_embedding(hw):
     """At a size timm's Cait cannot take, the taps are those of a timm Cait built for that size
     whose position embedding was resampled by timm's own helper."""
     m = CaiT('xxs24', out_indices=(1, 3, 4, 6)).eval()
-    _randomize_layer_scale(m)
+    randomize_(m)
     grid = (hw[0] // 16, hw[1] // 16)
     ref = timm.create_model('cait_xxs24_224', num_classes=0, img_size=hw, depth=7)
     sd = {k[6:]: v for k, v in m.state_dict().items() if k.startswith('trunk.')}
@@ -93,49 +47,9 @@ def test_taps_at_other_sizes_equal_timm_with_resampled_embedding(hw):
 
 
 # ------------------------------------------------------------------------------ architectures
-@pytest.mark.parametrize('arch', ALL_ARCHS)
-def test_every_arch_builds(arch):
-    # the meta device runs the whole constructor without allocating or initialising the weights
-    # (an M48 takes ~19 s to initialise on 2 cores, 0.7 s on meta); values are checked below
-    with torch.device('meta'):
-        m = CaiT(arch)
-    spec = m.arch_zoo[arch]
-    depth = int(arch[-2:])
-    dim = {'xxs': 192, 'xs': 288, 's': 384, 'm': 768}[arch[:-2]]
-    assert (m.depth, m.embed_dim, m.patch_size) == (depth, dim, 16) == (spec.depth, spec.embed_dim, 16)
-    assert len(m.trunk.blocks) == depth and m.out_indices == TAPS[depth]
-    blk = m.trunk.blocks[0]
-    assert isinstance(blk.attn, GridTalkingHeadAttn) and blk.attn.num_heads == dim // 48
-    assert blk.gamma_1.shape == (dim,)
-    assert getattr(blk.drop_path, 'drop_prob', 0.0) == pytest.approx(spec.drop_path_rate)
-    # class-attention stage, class token, final norm and head are not built
-    assert m.trunk.blocks_token_only is None and m.trunk.cls_token is None
-    assert not any(k.startswith(('trunk.head', 'trunk.norm.', 'trunk.cls', 'trunk.blocks_token'))
-                   for k in m.state_dict())
-    assert m.out_channels == [dim] * 4 and m.pos_embed_grid == (14, 14)
-
-
-@pytest.mark.parametrize('arch,eta', [('xxs24', 1e-5), ('xxs36', 1e-6)])
-def test_layer_scale_init_values(arch, eta):
-    m = CaiT(arch, out_indices=EARLY)
-    assert len(m.trunk.blocks) == 4  # blocks after the last tap are not built
-    assert all(torch.all(b.gamma_1 == eta) and torch.all(b.gamma_2 == eta) for b in m.trunk.blocks)
-    assert torch.all(CaiT('xxs24', out_indices=EARLY, layer_scale_init=0.1).trunk.blocks[3].gamma_2
-                     == 0.1)
-
-
-def test_table4_values():
-    z = CaiT.arch_zoo
-    table4 = {'xxs24': (0.05, 1e-5), 'xxs36': (0.1, 1e-6), 'xs24': (0.05, 1e-5), 'xs36': (0.1, 1e-6),
-              's24': (0.1, 1e-5), 's36': (0.2, 1e-6), 's48': (0.3, 1e-6), 'm24': (0.2, 1e-5),
-              'm36': (0.3, 1e-6), 'm48': (0.4, 1e-6)}
-    assert {k: (v.drop_path_rate, v.eta) for k, v in z.items()} == table4
-
-
-def test_timm_names_and_tags_accepted():
-    assert CaiT.resolve_arch('cait_s24_224') == 's24'
+def test_timm_name_sets_the_position_embedding_grid():
+    # (name resolution itself: test_backbones.py)
     assert CaiT.resolve_arch('cait_xxs24_384.fb_dist_in1k') == 'xxs24'
-    assert CaiT.resolve_arch('M48') == 'm48'
     with torch.device('meta'):
         assert CaiT('cait_s36_384.fb_dist_in1k').pos_embed_grid == (24, 24)
         assert CaiT('cait_m48_448').pos_embed_grid == (28, 28)
@@ -144,10 +58,7 @@ def test_timm_names_and_tags_accepted():
 
 
 def test_bad_arguments_refused():
-    with pytest.raises(ValueError, match=r"unknown arch 'xxs12'.*Did you mean.*Valid"):
-        CaiT('xxs12')
-    with pytest.raises(ValueError, match='unknown arch'):
-        CaiT('cait_l24_224')
+    # (unknown archs and bad out_indices of every family: test_backbones.py)
     with pytest.raises(ValueError, match='embed_dim is fixed'):
         CaiT('xxs24', embed_dim=256)
     with pytest.raises(ValueError, match='must be square'):
@@ -158,28 +69,18 @@ def test_bad_arguments_refused():
         CaiT('xxs24', global_blocks=(3, 7))
     with pytest.raises(ValueError, match='global_blocks'):
         CaiT('xxs24', window_size=7, global_blocks=(3, 24))
-    with pytest.raises(ValueError, match='out_indices'):
-        CaiT('xxs24', out_indices=(7, 11, 15, 24))
-
-
-def test_bad_inputs_refused():
-    m = CaiT('xxs24', out_indices=EARLY).eval()
-    with pytest.raises(ValueError, match='3-channel images, got 1'):
-        m(torch.randn(1, 1, 64, 64))
-    with pytest.raises(ValueError, match='smaller than one 16x16 patch'):
-        m(torch.randn(1, 3, 8, 64))
 
 
 # ------------------------------------------------------------------------------ any input size
 @pytest.fixture(scope='module')
-def xxs24_models():
-    return {w: CaiT('xxs24', window_size=w).eval() for w in (0, 3)}
+def windowed_xxs24():
+    return CaiT('xxs24', window_size=3).eval()
 
 
-@pytest.mark.parametrize('window_size', [0, 3])
+# global attention at these sizes: test_backbones.py
 @pytest.mark.parametrize('hw', [(64, 64), (96, 160), (70, 45), (33, 100)])
-def test_output_shapes_and_strides(hw, window_size, xxs24_models):
-    m = xxs24_models[window_size]
+def test_windowed_output_shapes_and_strides(hw, windowed_xxs24):
+    m = windowed_xxs24
     with torch.no_grad():
         outs = m(torch.randn(1, 3, *hw))
     H, W = (-(-hw[0] // 32) * 32, -(-hw[1] // 32) * 32)  # padded to a multiple of 32
@@ -264,6 +165,7 @@ def test_window_attention_is_timms_attention_per_window(hw):
 def test_windowed_blocks_and_global_blocks():
     with torch.device('meta'):  # structure only
         m = CaiT('xxs24', window_size=14)
+    assert all(isinstance(b.attn, GridTalkingHeadAttn) for b in m.trunk.blocks)
     assert m.global_blocks == m.out_indices == (7, 11, 15, 23)
     sizes = [b.attn.window_size for b in m.trunk.blocks]
     assert [i for i, s in enumerate(sizes) if s == 0] == [7, 11, 15, 23]
@@ -278,7 +180,7 @@ def test_windowed_taps_see_only_their_window():
     """Before the first global block, a change in one window stays inside that window."""
     m = CaiT('xxs24', out_indices=(0, 1, 2, 3), window_size=2, global_blocks=(3,),
              drop_path_rate=0.0).eval()
-    _randomize_layer_scale(m)
+    randomize_(m)
     x = torch.randn(1, 3, 128, 128)  # 8x8 patches, 4x4 windows of 2x2
     y = x.clone()
     y[..., 16:32, 16:32] += 1.0  # patch (1, 1): window (0, 0)
@@ -290,15 +192,15 @@ def test_windowed_taps_see_only_their_window():
     assert ((a[3] - b[3]).abs().amax(dim=1)[0] > 1e-6)[4:, 4:].any()  # global block 3
 
 
-@pytest.mark.parametrize('window_size', [0, 4])
-@pytest.mark.parametrize('with_cp', [False, True])
+# (global attention without checkpointing: test_backbones.py)
+@pytest.mark.parametrize('window_size,with_cp', [(4, False), (4, True), (0, True)])
 def test_every_trainable_parameter_gets_a_gradient(window_size, with_cp):
     # 8 blocks, 2 of them global when windowed
     m = CaiT('xxs24', out_indices=(1, 3, 5, 7), window_size=window_size,
              global_blocks=(3, 7) if window_size else None, with_cp=with_cp,
              drop_path_rate=0.0).train()
     assert m.trunk.grad_checkpointing == with_cp and len(m.trunk.blocks) == 8
-    _randomize_layer_scale(m)
+    randomize_(m)
     outs = m(torch.randn(2, 3, 96, 160))  # 6x10 patches, not a multiple of the window
     loss = sum(o.float().pow(2).mean() for o in outs)
     assert torch.isfinite(loss)
@@ -311,7 +213,7 @@ def test_every_trainable_parameter_gets_a_gradient(window_size, with_cp):
 def test_gradient_checkpointing_gives_the_same_output_and_gradients():
     torch.manual_seed(0)
     a = CaiT('xxs24', out_indices=EARLY, window_size=4, drop_path_rate=0.0).train()
-    _randomize_layer_scale(a)
+    randomize_(a)
     b = CaiT('xxs24', out_indices=EARLY, window_size=4, drop_path_rate=0.0, with_cp=True).train()
     b.load_state_dict(a.state_dict())
     x = torch.randn(1, 3, 96, 128)
@@ -327,62 +229,25 @@ def test_gradient_checkpointing_gives_the_same_output_and_gradients():
 
 
 def test_windowed_cait_trains_in_mmdets_mask_rcnn():
-    from mmdet.registry import MODELS
     from mmdet.testing import demo_mm_inputs
-    from mmdet.utils import register_all_modules
-    from mmengine.registry import init_default_scope
-    register_all_modules()
-    init_default_scope('mmdet')
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, 'demo', 'mask_rcnn_cait_xxs24_shapes.py'))
     cfg.model.backbone.update(window_size=3, with_cp=True, out_indices=EARLY)
-    model = MODELS.build(cfg.model).train()
-    data = model.data_preprocessor(
-        demo_mm_inputs(batch_size=2, image_shapes=[(3, 96, 128), (3, 128, 80)], num_items=[3, 2],
-                       num_classes=3, with_mask=True), True)
-    losses = model(**data, mode='loss')
-    loss, log_vars = model.parse_losses(losses)
-    assert torch.isfinite(loss) and {'loss_cls', 'loss_mask', 'loss_rpn_cls'} <= set(log_vars)
-    loss.backward()
-    grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
-    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+    model = build_model(cfg)
+    log_vars = finite_loss_and_grads(model, demo_mm_inputs(
+        batch_size=2, image_shapes=[(3, 96, 128), (3, 128, 80)], num_items=[3, 2], num_classes=3,
+        with_mask=True))
+    assert {'loss_cls', 'loss_mask', 'loss_rpn_cls'} <= set(log_vars)
 
 
 def test_cait_recipe_trains_in_mmsegs_upernet():
-    from mmengine.model.utils import revert_sync_batchnorm
-    from mmengine.registry import init_default_scope
-    from mmengine.structures import PixelData
-    from mmseg.registry import MODELS
-    from mmseg.structures import SegDataSample
-    from mmseg.utils import register_all_modules
-    register_all_modules()
-    init_default_scope('mmseg')
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, 'upernet_cait_xxs24_160k_ade20k.py'))
-    cfg.model.backbone.update(init_cfg=None, out_indices=EARLY)
+    cfg.model.backbone.update(out_indices=EARLY)
     cfg.model.decode_head.channels = 32
     cfg.model.auxiliary_head.channels = 32
-    model = revert_sync_batchnorm(MODELS.build(cfg.model)).train()  # SyncBN: CPU here
-    inputs, samples = [], []
-    for h, w in ((64, 96), (64, 96)):
-        inputs.append(torch.randint(0, 255, (3, h, w), dtype=torch.uint8))
-        s = SegDataSample(gt_sem_seg=PixelData(data=torch.randint(0, 150, (1, h, w))))
-        s.set_metainfo(dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w)))
-        samples.append(s)
-    pre = model.data_preprocessor
-    pre.size, pre.size_divisor = None, 32  # pad this small batch to 64x96, not 512x512
-    data = pre(dict(inputs=inputs, data_samples=samples), True)
-    loss, log_vars = model.parse_losses(model(**data, mode='loss'))
-    assert torch.isfinite(loss) and {'decode.loss_ce', 'aux.loss_ce'} <= set(log_vars)
-    loss.backward()
-    assert all(p.grad is not None and torch.isfinite(p.grad).all()
-               for p in model.backbone.parameters() if p.requires_grad)
-
-
-def test_frozen_stages_freeze_embeddings_and_blocks():
-    m = CaiT('xxs24', out_indices=EARLY, frozen_stages=2).train()
-    frozen = {n for n, p in m.named_parameters() if not p.requires_grad}
-    assert 'trunk.pos_embed' in frozen and 'trunk.patch_embed.proj.weight' in frozen
-    assert any(n.startswith('trunk.blocks.1.') for n in frozen)
-    assert not any(n.startswith(('trunk.blocks.2.', 'adapter.')) for n in frozen)
+    cfg.model.data_preprocessor.update(size=None, size_divisor=32)  # 64x96, not 512x512 crops
+    model = build_model(cfg)
+    log_vars = finite_loss_and_grads(model, seg_inputs(batch=2, h=64, w=96))
+    assert {'decode.loss_ce', 'aux.loss_ce'} <= set(log_vars)
 
 
 # ------------------------------------------------------------------------------ weights

@@ -59,7 +59,7 @@ def test_official_release_pth(tmp_path, timm_model):
     assert 'dropped on purpose' in text and 'left at init' in text and 'adapter.levels' in text
 
 
-def test_init_cfg_pretrained_goes_through_our_loader(tmp_path, timm_model, capsys):
+def test_init_cfg_pretrained_goes_through_our_loader(tmp_path, timm_model):
     path = tmp_path / 'official.pth'
     torch.save(official_xcit_state_dict(timm_model), path)
     m = _build(path)

@@ -10,16 +10,13 @@ import textwrap
 
 import pytest
 import torch
+from conftest import CONFIG_DIR, build_model
 from mmengine.config import Config
-from mmengine.model.utils import revert_sync_batchnorm
-from mmengine.registry import init_default_scope
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from deepvit_mm import XCiT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_DIR = os.path.join(ROOT, 'configs')
 CONFIGS = sorted(p for p in glob.glob(os.path.join(CONFIG_DIR, '**', '*.py'), recursive=True)
                  if '_base_' not in os.path.relpath(p, CONFIG_DIR).split(os.sep))
 # the paper's Table 5 recipes: configs/mask_rcnn_xcit_<model>_<patch>_3x.py
@@ -38,30 +35,11 @@ def _ids(paths):
     return [os.path.relpath(p, CONFIG_DIR) for p in paths]
 
 
-def _registry(scope):
-    if scope == 'mmseg':
-        from mmseg.registry import MODELS
-        from mmseg.utils import register_all_modules
-    else:
-        from mmdet.registry import MODELS
-        from mmdet.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
-    init_default_scope(scope)
-    return MODELS
-
-
-def _build(cfg):
-    """The config's model on CPU: no weights file needed, SyncBN reverted to BN as mmengine's
-    Runner does in a non-distributed run."""
-    cfg.model.backbone.init_cfg = None
-    return revert_sync_batchnorm(_registry(cfg.get('default_scope', 'mmdet')).build(cfg.model))
-
-
 @pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
 def test_config_builds_its_model(path):
     cfg = Config.fromfile(path)
     assert 'deepvit_mm' in cfg.custom_imports['imports']
-    model = _build(cfg)
+    model = build_model(cfg)  # mmdet's or mmseg's registry by the config's default_scope
     channels = list(model.backbone.out_channels)
     # the first module after the backbone: a neck (FPN, MultiLevelNeck) or the decode head
     consumer = model.neck if getattr(model, 'neck', None) is not None else model.decode_head
@@ -129,7 +107,7 @@ def test_weight_decay_groups(name):
     from mmengine.optim import build_optim_wrapper
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, name))
     opt = cfg.optim_wrapper.optimizer
-    model = _build(cfg)
+    model = build_model(cfg)
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     names = {id(p): n for n, p in model.named_parameters()}
     groups = {}

@@ -17,7 +17,6 @@ from mmengine.registry import MODEL_WRAPPERS
 from mmengine.runner import Runner
 
 from deepvit_mm.checkpoints import read_checkpoint
-from deepvit_mm.datasets import make_shapes_coco
 from deepvit_mm.runtime import setup_cpu_distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,12 +28,6 @@ def _free_port() -> int:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
 
-
-@pytest.fixture(scope='module')
-def shapes(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp('shapes'))
-    make_shapes_coco(root, num_train=16, num_val=1, size=128, seed=0)
-    return root
 
 
 def test_two_cpu_processes_end_with_identical_weights(shapes, tmp_path):

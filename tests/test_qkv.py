@@ -9,9 +9,9 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from conftest import CONFIG_DIR, build_model, config_from_text, finite_loss_and_grads, seg_inputs
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
-from test_integration import _config, _finite_loss_and_grads, _seg_inputs
 from timm.models.xcit import XCA
 
 from deepvit_mm import CheckpointError, XCiT
@@ -26,7 +26,6 @@ from deepvit_mm.qkv import (
     set_qkv_embed,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NONLINEAR = {
     'SNE': dict(type='SNE'),
     'PSNE': dict(type='PSNE'),
@@ -362,12 +361,8 @@ def test_nothing_to_replace_and_no_double_replacement():
 # ----------------------------------------------------------------------------- mmdet / mmseg
 @pytest.mark.parametrize('variant', list(NONLINEAR))
 def test_mask_rcnn_trains_with(tmp_path, variant):
-    from mmdet.registry import MODELS
     from mmdet.testing import demo_mm_inputs
-    from mmdet.utils import register_all_modules
-    from mmengine.registry import init_default_scope
-    register_all_modules()
-    cfg = _config(tmp_path, f"""
+    cfg = config_from_text(tmp_path, f"""
         _base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
         custom_imports = dict(imports=['deepvit_mm'], allow_failed_imports=False)
         model = dict(
@@ -375,12 +370,10 @@ def test_mask_rcnn_trains_with(tmp_path, variant):
                           qkv_cfg={NONLINEAR[variant]!r}),
             neck=dict(in_channels=[128, 128, 128, 128]))
         """)
-    init_default_scope('mmdet')
-    model = MODELS.build(cfg.model)
-    model.init_weights()
+    model = build_model(cfg)
     data = demo_mm_inputs(batch_size=1, image_shapes=[(3, 64, 96)], num_items=[2],
                           num_classes=80, with_mask=True)
-    log_vars = _finite_loss_and_grads(model, data)
+    log_vars = finite_loss_and_grads(model, data)
     assert {'loss_rpn_cls', 'loss_cls', 'loss_bbox', 'loss_mask'} <= set(log_vars)
     qkv = model.backbone.trunk.blocks[0].attn.qkv
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in qkv.parameters())
@@ -388,12 +381,7 @@ def test_mask_rcnn_trains_with(tmp_path, variant):
 
 @pytest.mark.parametrize('variant', list(NONLINEAR))
 def test_upernet_trains_with(tmp_path, variant):
-    from mmengine.model.utils import revert_sync_batchnorm
-    from mmengine.registry import init_default_scope
-    from mmseg.registry import MODELS
-    from mmseg.utils import register_all_modules
-    register_all_modules()
-    cfg = _config(tmp_path, f"""
+    cfg = config_from_text(tmp_path, f"""
         _base_ = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
         custom_imports = dict(imports=['deepvit_mm'], allow_failed_imports=False)
         model = dict(
@@ -403,10 +391,8 @@ def test_upernet_trains_with(tmp_path, variant):
             decode_head=dict(in_channels=[128, 128, 128, 128], channels=32),
             auxiliary_head=dict(in_channels=128, channels=32))
         """)
-    init_default_scope('mmseg')
-    model = revert_sync_batchnorm(MODELS.build(cfg.model))
-    model.init_weights()
-    log_vars = _finite_loss_and_grads(model, _seg_inputs(batch=2, h=64, w=64))
+    model = build_model(cfg)
+    log_vars = finite_loss_and_grads(model, seg_inputs(batch=2, h=64, w=64))
     assert 'decode.loss_ce' in log_vars
     if variant.startswith('FSNE'):
         assert model.backbone.trunk.qkv_codes.weight.grad.abs().sum() > 0
@@ -422,7 +408,7 @@ def test_upernet_trains_with(tmp_path, variant):
      dict(type='FSNE', code_size=8, hidden='*')),
 ])
 def test_configs_select_the_variant(name, want):
-    cfg = Config.fromfile(os.path.join(ROOT, 'configs', name))
+    cfg = Config.fromfile(os.path.join(CONFIG_DIR, name))
     assert cfg.model.backbone.qkv_cfg == want
     if want['type'] == 'FSNE':  # the paper's eq. 7 regularises the weights, not the codes
         assert cfg.optim_wrapper.paramwise_cfg.custom_keys['qkv_codes'] == dict(decay_mult=0.)
@@ -434,10 +420,8 @@ def test_configs_select_the_variant(name, want):
 
 
 def test_fsne_recipe_weight_decay_groups():
-    cfg = Config.fromfile(os.path.join(ROOT, 'configs', 'mask_rcnn_xcit_t12_16_fsne8s_3x.py'))
-    cfg.model.backbone.init_cfg = None
-    from test_configs import _build
-    model = _build(cfg)
+    cfg = Config.fromfile(os.path.join(CONFIG_DIR, 'mask_rcnn_xcit_t12_16_fsne8s_3x.py'))
+    model = build_model(cfg)
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     decay = {id(p): g['weight_decay'] for g in wrapper.optimizer.param_groups for p in g['params']}
     named = dict(model.named_parameters())

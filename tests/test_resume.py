@@ -11,18 +11,11 @@ import pytest
 import torch
 
 from deepvit_mm.checkpoints import find_resumable_checkpoint, read_checkpoint
-from deepvit_mm.datasets import make_shapes_coco
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 ENV = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='2')
 
-
-@pytest.fixture(scope='module')
-def shapes(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp('shapes'))
-    make_shapes_coco(root, num_train=16, num_val=2, size=128, seed=0)
-    return root
 
 
 def _train_cmd(data, work_dir, max_iters, ckpt_every, *extra, opts=()):

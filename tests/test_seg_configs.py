@@ -9,14 +9,11 @@ import re
 
 import pytest
 import torch
+from conftest import CONFIG_DIR, build_model, seg_inputs
 from mmengine.config import Config
-from mmengine.model.utils import revert_sync_batchnorm
-from mmengine.registry import init_default_scope
 
 from deepvit_mm import XCiT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_DIR = os.path.join(ROOT, 'configs')
 RECIPE = re.compile(r'(upernet|sem_fpn)_xcit_([a-z]\d+)_(8|16)_(160k|80k)_ade20k\.py')
 SEG_RECIPES = sorted(os.path.join(CONFIG_DIR, n) for n in os.listdir(CONFIG_DIR)
                      if RECIPE.fullmatch(n))
@@ -30,15 +27,6 @@ SIZES = {'t12': 'tiny_12', 's12': 'small_12', 's24': 'small_24', 'm24': 'medium_
 
 def _ids(paths):
     return [os.path.basename(p) for p in paths]
-
-
-def _build(cfg):
-    from mmseg.registry import MODELS
-    from mmseg.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
-    init_default_scope('mmseg')
-    cfg.model.backbone.init_cfg = None
-    return revert_sync_batchnorm(MODELS.build(cfg.model))
 
 
 def test_recipes_cover_table6():
@@ -114,19 +102,6 @@ def test_segmentation_recipe_hyper_parameters(path):
     assert f'mIoU {want}' in header
 
 
-def _seg_batch(model, batch=2, h=64, w=96):
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    inputs, samples = [], []
-    for _ in range(batch):
-        inputs.append(torch.randint(0, 255, (3, h, w), dtype=torch.uint8))
-        s = SegDataSample()
-        s.gt_sem_seg = PixelData(data=torch.randint(0, 150, (1, h, w)))
-        s.set_metainfo(dict(img_shape=(h, w), ori_shape=(h, w)))
-        samples.append(s)
-    return dict(inputs=inputs, data_samples=samples)
-
-
 # XCiT inside mmseg's own base configs is tests/test_integration.py's; these are our recipes (their
 # necks and head wiring), with the smallest backbone of the table and small inputs.
 @pytest.mark.parametrize('name', ['upernet_xcit_t12_16_160k_ade20k.py',
@@ -135,10 +110,8 @@ def test_recipe_loss_backward_and_unpadded_predict(name):
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, name))
     cfg.model.data_preprocessor.size = None  # the base pads every batch to 512x512 crops
     cfg.model.data_preprocessor.size_divisor = 32
-    model = _build(cfg)
-    model.init_weights()
-    model.train()
-    data = model.data_preprocessor(_seg_batch(model), True)
+    model = build_model(cfg).train()
+    data = model.data_preprocessor(seg_inputs(), True)
     losses = model(**data, mode='loss')
     loss, log_vars = model.parse_losses(losses)
     assert torch.isfinite(loss)
@@ -153,6 +126,6 @@ def test_recipe_loss_backward_and_unpadded_predict(name):
     # whole-image inference on an unpadded, not-multiple-of-32 image (pad_input=False)
     model.eval()
     with torch.no_grad():
-        data = model.data_preprocessor(_seg_batch(model, batch=1, h=70, w=100), False)
+        data = model.data_preprocessor(seg_inputs(batch=1, h=70, w=100), False)
         (pred,) = model(**data, mode='predict')
     assert pred.pred_sem_seg.data.shape == (1, 70, 100)

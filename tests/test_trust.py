@@ -7,6 +7,7 @@ import os
 import pytest
 import timm
 import torch
+from conftest import build_model
 from mmengine.config import Config
 from mmengine.runner import load_checkpoint
 
@@ -46,14 +47,6 @@ def _cfg(path, **backbone):
     return cfg
 
 
-def _build(cfg):
-    from mmdet.registry import MODELS as DET
-    from mmengine.registry import init_default_scope
-    from mmseg.registry import MODELS as SEG
-    init_default_scope(cfg.default_scope)
-    return (DET if cfg.default_scope == 'mmdet' else SEG).build(cfg.model)
-
-
 @pytest.fixture(scope='module')
 def det(tmp_path_factory):
     """A demo detector (XCiT-N12/16), its config file and its checkpoint written as mmengine
@@ -63,7 +56,7 @@ def det(tmp_path_factory):
     cfg_file = str(folder / 'det.py')
     cfg.dump(cfg_file)
     torch.manual_seed(3)
-    model = _build(cfg)
+    model = build_model(cfg)
     ckpt = str(folder / 'det.pth')
     torch.save({'state_dict': model.state_dict(),
                 'meta': {'cfg': cfg.pretty_text, 'dataset_meta': {'classes': ('a', 'b', 'c')}},
@@ -83,7 +76,7 @@ def _via_det_inferencer(cfg_file, ckpt):
 
 
 def _via_runner_load_from(cfg_file, ckpt):
-    model = _build(Config.fromfile(cfg_file))
+    model = build_model(Config.fromfile(cfg_file))
     load_checkpoint(model, ckpt, map_location='cpu')  # Runner.load_checkpoint's own call chain
     return model
 
@@ -91,9 +84,7 @@ def _via_runner_load_from(cfg_file, ckpt):
 def _via_init_cfg(cfg_file, ckpt):
     cfg = Config.fromfile(cfg_file)
     cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=ckpt)
-    model = _build(cfg)
-    model.backbone.init_weights()
-    return model
+    return build_model(cfg, pretrained=True)  # init_weights() loads it
 
 
 DET_PATHS = [_via_init_detector, _via_det_inferencer, _via_runner_load_from]
@@ -115,7 +106,7 @@ def test_every_path_loads_through_the_matcher_with_one_report(det, load, logged)
 @pytest.mark.parametrize('load', DET_PATHS + [_via_init_cfg])
 def test_other_arch_refused_on_every_path(det, tmp_path, load):
     cfg_file, _, _ = det
-    other = _build(_cfg(DET_CFG, arch='tiny_12_p16'))
+    other = build_model(_cfg(DET_CFG, arch='tiny_12_p16'))
     ckpt = str(tmp_path / 'tiny.pth')
     torch.save({'state_dict': other.state_dict()}, ckpt)
     with pytest.raises(CheckpointError, match=r"does not fit XCiT\(nano_12_p16\). It looks like a "
@@ -141,7 +132,7 @@ def test_other_class_count_is_skipped_and_reported(det, tmp_path):
     cfg = Config.fromfile(cfg_file)
     cfg.model.roi_head.bbox_head.num_classes = 7
     cfg.model.roi_head.mask_head.num_classes = 7
-    model = _build(cfg)
+    model = build_model(cfg)
     report = load_weights(model, read_checkpoint(ckpt), source=ckpt)
     skipped = dict(report.skipped)
     assert set(skipped) == {'roi_head.bbox_head.fc_cls.weight', 'roi_head.bbox_head.fc_cls.bias',
@@ -183,14 +174,14 @@ def test_segmentor_paths(tmp_path):
     cfg_file = str(tmp_path / 'seg.py')
     cfg.dump(cfg_file)
     torch.manual_seed(4)
-    src = _build(cfg)
+    src = build_model(cfg)
     ckpt = str(tmp_path / 'seg.pth')
     torch.save({'state_dict': src.state_dict(), 'meta': {}}, ckpt)
     for model in (init_model(cfg_file, ckpt, device='cpu'),
                   MMSegInferencer(model=cfg_file, weights=ckpt, device='cpu').model):
         for k, v in src.state_dict().items():
             torch.testing.assert_close(model.state_dict()[k], v, rtol=0, atol=0, msg=k)
-    other = _build(_cfg(SEG_CFG, arch='nano_12_p8'))
+    other = build_model(_cfg(SEG_CFG, arch='nano_12_p8'))
     torch.save({'state_dict': other.state_dict(), 'meta': {}}, ckpt)
     with pytest.raises(CheckpointError, match=r'does not fit XCiT\(nano_12_p16\)'):
         init_model(cfg_file, ckpt, device='cpu')

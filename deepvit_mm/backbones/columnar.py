@@ -357,7 +357,7 @@ class ColumnarBackbone(BaseModule):
             raise TypeError(f'{name} expects float images normalised by the data preprocessor '
                             f'(mean/std), got {x.dtype}: use mmdet/mmseg\'s data preprocessor, or '
                             f'(x.float() - mean) / std.')
-        if x.dtype != weight_dtype and not torch.is_autocast_enabled(x.device.type):
+        if x.dtype != weight_dtype and not _autocast_on(x.device):
             raise TypeError(f'{name}: input is {x.dtype} but the weights are {weight_dtype}: pass '
                             f'x.to({weight_dtype}), convert the model (model.to({x.dtype})), or run '
                             'under torch.autocast for mixed precision.')
@@ -396,7 +396,7 @@ class ColumnarBackbone(BaseModule):
     def _check_memory(self, x: torch.Tensor) -> None:
         """Refuse, before allocating, an input whose forward cannot fit the device's free memory."""
         grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
-        element = 2 if torch.is_autocast_enabled(x.device.type) else x.element_size()
+        element = 2 if _autocast_on(x.device) else x.element_size()
         need = self._activation_bytes(x.shape[0], grid, element, x.device)
         free = _free_memory(x.device)
         if free is not None and need > free:
@@ -505,6 +505,15 @@ def _exporting() -> bool:
     there, since they would be frozen into the graph as constants."""
     return (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
             or torch.compiler.is_compiling())
+
+
+def _autocast_on(device: torch.device) -> bool:
+    """Whether autocast is on for ``device`` (False for device types autocast does not know, such
+    as ``meta``, on which FLOP counting runs the model)."""
+    try:
+        return torch.is_autocast_enabled(device.type)
+    except RuntimeError:  # "unknown device type for autocast"
+        return False
 
 
 def _free_memory(device: torch.device) -> Optional[int]:

@@ -466,6 +466,16 @@ def _exporting() -> bool:
             or torch.compiler.is_compiling())
 
 
+def _export_tracing() -> bool:
+    """Tracing into a graph that is then run at other sizes (ONNX export, ``torch.export``,
+    TorchScript tracing): choices that depend on the input's size (``fast_forward='auto'``, chunk
+    loops) must not be taken from the example there. Not torch.compile, which re-traces when a
+    size changes, so that its per-input choices stay right."""
+    is_exporting = getattr(torch.compiler, 'is_exporting', None)  # torch >= 2.7
+    return (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+            or bool(is_exporting and is_exporting()))
+
+
 def _free_memory(device: torch.device) -> Optional[int]:
     """Bytes a new allocation can take on ``device``, or None when unknown."""
     if device.type == 'cuda':

@@ -45,9 +45,9 @@ class ConvTranspose2x2(nn.ConvTranspose2d):
         super().__init__(in_channels, out_channels, kernel_size=2, stride=2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .backbones.columnar import _exporting  # here: columnar imports this module
+        from .backbones.columnar import _export_tracing  # here: columnar imports this module
         # exporting: one ConvTranspose op (the row loop below would freeze the input's height)
-        if x.device.type != 'cpu' or x.dim() != 4 or _exporting():
+        if x.device.type != 'cpu' or x.dim() != 4 or _export_tracing():
             return super().forward(x)
         B, _, H, W = x.shape
         # weight (C_in, C_out, 2, 2) -> rows o * 4 + i * 2 + j, the channel order pixel_shuffle reads

@@ -44,7 +44,7 @@ from timm.models import checkpoint
 from timm.models.cait import Cait, checkpoint_filter_fn
 
 from ..registry import register_model
-from .columnar import ArchSpec, ColumnarBackbone, _exporting, count_blocks
+from .columnar import ArchSpec, ColumnarBackbone, _export_tracing, count_blocks
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 
 __all__ = ['CaiT']
@@ -232,7 +232,7 @@ class CaiT(ColumnarBackbone):
             Tensor: ``(1, h * w, embed_dim)``.
         """
         pos = self.trunk.pos_embed
-        if _exporting():  # resampled inside the graph at the input's grid: no cache, no int()
+        if _export_tracing():  # resampled in the graph at the input's grid: no cache, no int()
             return resample_abs_pos_embed(pos, new_size=list(grid), old_size=self.pos_embed_grid,
                                           num_prefix_tokens=0)
         grid = (int(grid[0]), int(grid[1]))

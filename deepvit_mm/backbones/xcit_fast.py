@@ -36,7 +36,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .columnar import _exporting
+from .columnar import _export_tracing
 
 __all__ = ['fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward', 'xca_block_inference',
            'xca_block_forward_auto', 'fast_path_helps', 'has_linear_qkv', 'default_chunk']
@@ -168,7 +168,7 @@ def fast_path_helps(x: torch.Tensor) -> bool:
     """The 'auto' rule: whether ``xca_block_forward`` is expected to be faster than timm's
     ``XCABlock.forward`` on tokens ``x`` ``(B, N, C)`` (the thresholds above; devices other than
     CPU and CUDA: False, not measured; while exporting: ``EXPORT_FAST_PATH``)."""
-    if _exporting():
+    if _export_tracing():
         return EXPORT_FAST_PATH
     B, N, C = x.shape
     dev = x.device.type
@@ -234,7 +234,7 @@ def default_chunk(device: torch.device) -> Optional[int]:
     """Tokens per step of ``xca_block_inference`` on ``device``: 1,024 on CPUs (a chunk's
     intermediates stay in cache), None (every token of every image at once) elsewhere, where
     fewer and larger kernels win. None while exporting (see ``EXPORT_FAST_PATH``)."""
-    if _exporting():
+    if _export_tracing():
         return None
     return 1024 if device.type == 'cpu' else None
 

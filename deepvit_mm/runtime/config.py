@@ -205,7 +205,7 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None):
     Returns:
         tuple: The inferencer and the task, ``'det'`` or ``'seg'``.
     """
-    from .checkpoints import resolve_checkpoint
+    from ..checkpoints import resolve_checkpoint
     if not osp.isfile(config):
         raise FileNotFoundError(f'config not found: {config!r}')
     cfg = Config.fromfile(config)

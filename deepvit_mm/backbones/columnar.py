@@ -507,7 +507,6 @@ def _exporting() -> bool:
             or torch.compiler.is_compiling())
 
 
-<<<<<<< HEAD
 def _autocast_on(device: torch.device) -> bool:
     """Whether autocast is on for ``device`` (False for device types autocast does not know, such
     as ``meta``, on which FLOP counting runs the model)."""
@@ -515,16 +514,16 @@ def _autocast_on(device: torch.device) -> bool:
         return torch.is_autocast_enabled(device.type)
     except RuntimeError:  # "unknown device type for autocast"
         return False
-=======
+
+
 def _export_tracing() -> bool:
     """Tracing into a graph that is then run at other sizes (ONNX export, ``torch.export``,
-    TorchScript tracing): choices that depend on the input's size (``fast_forward='auto'``, chunk
+    TorchScript tracing): choices that depend on the input's size (``'auto'`` fast paths, chunk
     loops) must not be taken from the example there. Not torch.compile, which re-traces when a
     size changes, so that its per-input choices stay right."""
     is_exporting = getattr(torch.compiler, 'is_exporting', None)  # torch >= 2.7
     return (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
             or bool(is_exporting and is_exporting()))
->>>>>>> deploy
 
 
 def _free_memory(device: torch.device) -> Optional[int]:

@@ -43,13 +43,8 @@ def default_query_chunk(device: torch.device) -> Optional[int]:
     """Query rows per step of ``talking_heads_chunked`` for 'auto': ``CPU_QUERY_CHUNK`` on CPUs
     (measured), None (timm's attention; not measured) elsewhere. None while exporting (ONNX,
     torch.export, tracing): the chunk loop would freeze the example input's token count into the
-<<<<<<< HEAD
     graph; an explicit ``query_chunk`` (``query_chunks=True``) still chunks, at that size only."""
-    if _exporting():
-=======
-    graph; an explicit ``query_chunk`` (``fast_forward=True``) still chunks, at that size only."""
     if _export_tracing():
->>>>>>> deploy
         return None
     return CPU_QUERY_CHUNK if device.type == 'cpu' else None
 

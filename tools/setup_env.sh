@@ -4,10 +4,13 @@
 #
 #   - the active virtualenv if one is active, else .venv in the repo root (created here)
 #   - torch 2.13.0 + torchvision 0.28.0, unless a supported torch that imports is already there
-#   - mmcv 2.1.0 compiled with its ops (~9 min on 2 cores); a wheel cache is used when
-#     PIP_FIND_LINKS points to one
+#   - mmcv 2.1.0 with its ops: a wheel from PIP_FIND_LINKS or from this script's own cache
+#     (~/.cache/deepvit_mm/wheels/torch-<version>/, DEEPVIT_MM_WHEELS to move it), else compiled
+#     once (~18 min on 2 cores) into that cache, so the next set-up (a new clone or virtualenv
+#     on the same machine) installs the wheel in seconds
 #   - this package (editable) with mmengine, mmdet, mmseg, timm... and its tests and deploy
-#     extras (pytest, ruff; onnx, onnxruntime, onnxscript), pinned by requirements/constraints.txt
+#     extras (pytest, ruff, ...; onnx, onnxruntime, onnxscript), pinned by
+#     requirements/constraints.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -51,11 +54,22 @@ else
   "${PIP[@]}" -c "$CONSTRAINTS" "torch===2.13.0" "torchvision==0.28.0"
 fi
 
-# mmcv with compiled ops, against the torch now installed (hence no build isolation).
+# mmcv with compiled ops, against the torch now installed (hence no build isolation). A wheel
+# fits only the torch it was built against: the cache has a folder per torch version.
 if ! "$PY" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '2.1.0'" 2>/dev/null; then
-  echo "[setup] installing mmcv 2.1.0 with ops (compiles for ~9 min unless PIP_FIND_LINKS has a wheel)"
-  MMCV_WITH_OPS=1 FORCE_CUDA="${FORCE_CUDA:-0}" MAX_JOBS="${MAX_JOBS:-2}" \
-    "${PIP[@]}" --no-build-isolation -c "$CONSTRAINTS" "mmcv==2.1.0"
+  TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)')
+  CACHE="${DEEPVIT_MM_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/deepvit_mm/wheels}/torch-$TORCH_VER"
+  MMCV=(--no-build-isolation -c "$CONSTRAINTS" "mmcv==2.1.0")
+  if PIP_FIND_LINKS="$CACHE ${PIP_FIND_LINKS:-}" "${PIP[@]}" -q --only-binary mmcv "${MMCV[@]}" \
+      2>/dev/null; then
+    echo "[setup] mmcv 2.1.0 installed from a wheel (PIP_FIND_LINKS or $CACHE)"
+  else
+    echo "[setup] compiling mmcv 2.1.0 with ops (~18 min on 2 cores, once: the wheel is kept in $CACHE)"
+    mkdir -p "$CACHE"
+    MMCV_WITH_OPS=1 FORCE_CUDA="${FORCE_CUDA:-0}" MAX_JOBS="${MAX_JOBS:-2}" \
+      "$PY" -m pip wheel --disable-pip-version-check --no-deps -w "$CACHE" "${MMCV[@]}"
+    PIP_FIND_LINKS="$CACHE" "${PIP[@]}" --only-binary mmcv "${MMCV[@]}"
+  fi
 fi
 
 echo "[setup] installing deepvit_mm and its dependencies"

@@ -546,7 +546,8 @@ def load_weights(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkp
     new_sd: Dict[str, torch.Tensor] = {}
     rest = dict(sd)
     init_ok: List[str] = []
-    for prefix, backbone in _columnar_backbones(model):
+    backbones = _columnar_backbones(model)
+    for prefix, backbone in backbones:
         part = {k[len(prefix):]: rest.pop(k) for k in list(rest) if k.startswith(prefix)}
         if not part and prefix and not any(k in target for k in rest) and set(
                 backbone.convert_state_dict(dict(rest))) & set(backbone.state_dict()):
@@ -585,7 +586,7 @@ def load_weights(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkp
             f'{_summarize(left)}. Evaluating needs the checkpoint of a trained model (this one '
             'looks like ' + ('a backbone checkpoint: train with it as the backbone\'s init_cfg '
                              'or load_from first)' if all(
-                                 any(k.startswith(p) for p, _ in _columnar_backbones(model))
+                                 any(k.startswith(p) for p, _ in backbones)
                                  for k in report.loaded) else 'a partial one)') + '.')
     model.load_state_dict(new_sd, strict=False)
     if log:

@@ -84,16 +84,10 @@ def config_from_text(tmp_path, text: str):
 
 # ------------------------------------------------------------------------------ tiny data
 def seg_inputs(batch: int = 2, h: int = 64, w: int = 96, num_classes: int = 150) -> dict:
-    """A segmentation batch as mmseg's data loader gives it: uint8 images, random label maps."""
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    inputs, samples = [], []
-    for _ in range(batch):
-        inputs.append(torch.randint(0, 255, (3, h, w), dtype=torch.uint8))
-        s = SegDataSample(gt_sem_seg=PixelData(data=torch.randint(0, num_classes, (1, h, w))))
-        s.set_metainfo(dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w)))
-        samples.append(s)
-    return dict(inputs=inputs, data_samples=samples)
+    """A segmentation batch as mmseg's data loader gives it (the harness's synthetic data): uint8
+    images, random label maps."""
+    from deepvit_mm.benchmark.batches import synthetic_data
+    return synthetic_data('seg', (h, w), batch=batch, num_classes=num_classes)
 
 
 def finite_loss_and_grads(model: torch.nn.Module, data: dict) -> dict:

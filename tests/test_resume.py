@@ -94,8 +94,9 @@ def test_kill_during_a_checkpoint_write_loses_nothing_complete(shapes, tmp_path)
     marker = tmp_path / 'writing'
     env = dict(ENV, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)),
                SLOW_SAVE_MATCH='iter_8.pth', SLOW_SAVE_MARKER=str(marker))
-    cmd = _train_cmd(shapes, crash, 12, 4,
-                     opts=[*keep1, 'custom_imports.imports=[deepvit_mm,slow_save]'])
+    train = _train_cmd(shapes, crash, 12, 4, opts=keep1)
+    cmd = [sys.executable, '-c', 'import runpy, sys, slow_save; sys.argv = sys.argv[1:]; '
+           'runpy.run_path(sys.argv[0], run_name="__main__")', *train[1:]]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     _kill_when(proc, marker.exists, 'the iter_8 write')

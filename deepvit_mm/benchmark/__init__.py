@@ -14,6 +14,7 @@ One idea per module:
 * ``baselines``: what ours is compared with (timm's ``forward_intermediates``, the GEMM floor);
 * ``measure``: ``Case`` -> latency, throughput, memory (here or isolated); interleaved
   comparisons; one training step; a checkpoint's evaluation (``tools/test.py``'s);
+* ``step``: a detector's or segmentor's training step timed part by part;
 * ``report``: markdown, CSV and plot writers;
 * ``suite``: grids of isolated measurements, what the tools run.
 
@@ -46,6 +47,7 @@ from .report import (
     size_str,
     write_report,
 )
+from .step import profile_train_step, step_markdown
 from .suite import compare_grid, measure_grid
 
 __all__ = ['BASELINES', 'GemmFloor', 'TimmBaseline', 'backbone_input', 'synthetic_batch',
@@ -55,4 +57,4 @@ __all__ = ['BASELINES', 'GemmFloor', 'TimmBaseline', 'backbone_input', 'syntheti
            'peak_rss', 'reset_peak_rss', 'tensor_peak', 'backbone_family', 'build_backbone',
            'build_from_config', 'is_config', 'load_config', 'environment', 'fmt',
            'markdown_table', 'size_str', 'write_report', 'compare_grid', 'measure_grid',
-           'cait_variant_row', 'cait_variants_markdown']
+           'cait_variant_row', 'cait_variants_markdown', 'profile_train_step', 'step_markdown']

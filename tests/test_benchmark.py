@@ -402,3 +402,54 @@ def test_evaluate_checkpoint_gives_the_miou_of_a_known_prediction(tmp_path):
     assert metrics['mIoU'] == pytest.approx(100 * np.mean(ious), abs=0.01)
     with pytest.raises(FileNotFoundError, match='checkpoint not found'):
         bm.evaluate_checkpoint(DEMO_SEG, str(tmp_path / 'missing.pth'), str(tmp_path / 'w'))
+
+
+# --------------------------------------------------------------------------------------------
+# a training step part by part
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('config,cfg_options,parts', [
+    (DEMO_DET, SMALL_DET, ['data', 'backbone', 'neck', 'rpn', 'roi']),
+    (DEMO_SEG, None, ['data', 'backbone', 'neck', 'decode']),
+])
+def test_split_step_leaves_the_gradients_of_a_whole_step(config, cfg_options, parts):
+    """Timing the parts apart must not change what the step computes: every parameter's gradient
+    equals that of the whole model's loss backward on the same batch and RNG state."""
+    from deepvit_mm.benchmark.step import split_backward
+    opts = dict(cfg_options or {}, **{'model.backbone.drop_path_rate': 0.0})
+    model, task = bm.build_from_config(config, opts)
+    model.train()
+    from deepvit_mm.benchmark.models import num_classes_of
+    data = bm.synthetic_data(task, (64, 96), 2, num_classes_of(model, task), 3)
+    torch.manual_seed(1)
+    times = split_backward(model, data, task)
+    split = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    batch = model.data_preprocessor(data, True)
+    total, _ = model.parse_losses(model(**batch, mode='loss'))
+    total.backward()
+    whole = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert set(times) == {('data', '')} | {(p, ph) for p in parts[1:] for ph in ('fwd', 'bwd')}
+    assert split.keys() == whole.keys() and any(n.startswith('backbone.') for n in whole)
+    for n in whole:
+        torch.testing.assert_close(split[n], whole[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_profile_train_step_tool(capsys):
+    tool = _tool('analysis/profile_train_step')
+    import sys
+    argv = sys.argv
+    sys.argv = ['profile_train_step.py', DEMO_DET, '--shape', '64', '96', '--batch-size', '2',
+                '--num-objects', '2', '--steps', '1', '--warmup', '0', '--cfg-options',
+                'model.backbone.arch=nano_12_p16']
+    try:
+        tool.main()
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr().out
+    rows = {ln.split('|')[1].strip(): ln for ln in out.splitlines() if ln.startswith('| ')}
+    assert {'data', 'backbone', 'neck', 'rpn', 'roi', 'optimizer', 'sum of the parts',
+            '`model.train_step`, same run'} <= rows.keys()
+    shares = [float(ln.split('|')[5].strip(' %')) for k, ln in rows.items()
+              if k not in ('part', 'sum of the parts', '`model.train_step`, same run')]
+    assert abs(sum(shares) - 100) <= len(shares)  # rounded shares of the sum

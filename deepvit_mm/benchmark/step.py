@@ -22,7 +22,7 @@ import torch.nn as nn
 from .batches import synthetic_data
 from .models import build_from_config, load_config, num_classes_of
 
-__all__ = ['profile_train_step', 'step_markdown']
+__all__ = ['profile_train_step', 'split_backward', 'step_markdown']
 
 
 def _leaves(xs: Sequence[torch.Tensor]) -> List[torch.Tensor]:
@@ -81,8 +81,12 @@ def _heads_seg(model, feats, samples, clock: _Clock) -> None:
         clock(name, 'bwd', lambda ls=losses: _loss(model, ls).backward())
 
 
-def _split_step(model, data, optim_wrapper, task: str) -> Dict[Tuple[str, str], float]:
-    clock = _Clock()
+def split_backward(model: nn.Module, data: dict, task: str,
+                   clock: Optional[Callable] = None) -> Dict[Tuple[str, str], float]:
+    """The forward and backward of a training step, a part at a time: the parameters' ``.grad``
+    end up as ``model.train_step``'s (before its optimizer step) would leave them. Returns the
+    seconds per ``(part, phase)``."""
+    clock = clock or _Clock()
     batch = clock('data', '', lambda: model.data_preprocessor(data, True))
     inputs, samples = batch['inputs'], batch['data_samples']
     feats = clock('backbone', 'fwd', lambda: model.backbone(inputs))
@@ -95,6 +99,12 @@ def _split_step(model, data, optim_wrapper, task: str) -> Dict[Tuple[str, str], 
     if outs is not feats_in:
         clock('neck', 'bwd', lambda: _backward(outs, outs_in))
     clock('backbone', 'bwd', lambda: _backward(feats, feats_in))
+    return clock.times
+
+
+def _split_step(model, data, optim_wrapper, task: str) -> Dict[Tuple[str, str], float]:
+    clock = _Clock()
+    split_backward(model, data, task, clock)
     clock('optimizer', '', lambda: (optim_wrapper.step(), optim_wrapper.zero_grad()))
     return clock.times
 

@@ -218,6 +218,25 @@ def test_gemm_floor_has_the_block_gemms_of_the_model():
     assert all(w.grad is not None and w.grad.abs().sum() > 0 for w in floor.weights)
 
 
+@pytest.mark.parametrize('kwargs,spans', [
+    # xxs24: C = 192, 4 heads of 48; 64x96 -> a 4x6 grid of 16-pixel patches
+    (dict(out_indices=(0, 1, 2, 3)), [(8, 24, 48)] * 4),  # global attention: all 24 tokens
+    (dict(out_indices=(0, 1, 2, 3), window_size=3, global_blocks=(1, 3)),
+     [(8 * 4, 9, 48), (8, 24, 48)] * 2),  # 3x3 windows: 2x2 of them on the padded grid
+])
+def test_gemm_floor_has_cait_attention_products(kwargs, spans):
+    ours = bm.build_backbone('xxs24', **kwargs)
+    floor = bm.GemmFloor(ours, (64, 96), batch=2)
+    assert floor.spans == spans
+    assert floor.multiply_adds == 4 * 12 * 48 * 192 ** 2 + sum(2 * g * n * n * d
+                                                                for g, n, d in spans)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        floor(bm.backbone_input((64, 96), 2))
+    ops = {e.key: e.count for e in prof.key_averages()}
+    assert ops['aten::bmm'] == 2 * 4 and ops['aten::mm'] == 4 * 4
+
+
 # --------------------------------------------------------------------------------------------
 # reports
 # --------------------------------------------------------------------------------------------

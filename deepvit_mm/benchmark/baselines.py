@@ -8,8 +8,9 @@ a class here.
 
 * ``timm`` (``TimmBaseline``): timm's own ``forward_intermediates`` on the same trunk weights,
   then the *same* adapter module: the standard model's cost of the very same computation.
-* ``floor`` (``GemmFloor``): only the standard model's block GEMMs, as plain ``torch.mm`` on the
-  same shapes: a lower bound no implementation of the blocks goes below on this machine.
+* ``floor`` (``GemmFloor``): only the standard model's block GEMMs (and CaiT's attention
+  products), as plain ``torch.mm``/``bmm`` on the same shapes: a lower bound no implementation of
+  the blocks goes below on this machine.
 """
 from typing import Dict, Tuple, Type
 
@@ -108,14 +109,17 @@ class TimmBaseline(nn.Module):
 
 
 class GemmFloor(nn.Module):
-    """The standard model's block GEMMs as plain ``torch.mm`` on the same shapes.
+    """The standard model's block GEMMs as plain ``torch.mm`` / ``torch.bmm`` on the same shapes.
 
     Per trunk block, on ``B * N`` tokens of ``C`` channels: qkv ``(C, 3C)``, proj ``(C, C)``, fc1
     ``(C, 4C)``, fc2 ``(4C, C)``, i.e. ``12 N C^2`` multiply-adds per image and block; fc2's output
-    feeds the next block. In a training step autograd adds each GEMM's two backward GEMMs (the
-    input's and the weight's gradient). Attention's token-mixing products (XCiT's ``C x C`` per
-    head, CaiT's ``N x N``) and everything outside the blocks (patch embedding, adapter) are left
-    out: it is a floor, not a model.
+    feeds the next block. Where attention mixes tokens (CaiT), also its two products per head,
+    ``q k^T`` and ``attn v``, over the block's own attention span (all ``N`` tokens, or each
+    window of a windowed block): ``2 N n C`` multiply-adds per image and block for spans of ``n``
+    tokens. In a training step autograd adds each product's two backward products (the inputs'
+    gradients). XCiT's ``C x C`` per-head products, CaiT's talking-heads mixing, softmax and
+    everything outside the blocks (patch embedding, adapter) are left out: it is a floor, not a
+    model.
 
     Args:
         backbone (nn.Module): The backbone whose trunk's shapes are taken.
@@ -139,11 +143,34 @@ class GemmFloor(nn.Module):
             weight(i, o) for _ in range(self.blocks)
             for i, o in ((c, 3 * c), (c, c), (c, 4 * c), (4 * c, c)))
         self.register_buffer('x0', torch.randn(self.tokens, c, generator=gen), persistent=False)
+        # token-mixing attention (CaiT): per block, (groups, span, head dim) of q, k and v
+        self.spans = [self._span(blk, backbone, (h // p, w // p), batch, c)
+                      for blk in backbone.trunk.blocks] if hasattr(backbone, 'window_size') \
+            else []
+        for shape in set(self.spans):
+            self.register_buffer(self._qkv_name(shape), torch.randn(3, *shape, generator=gen),
+                                 persistent=False)
+
+    @staticmethod
+    def _span(blk: nn.Module, backbone: nn.Module, grid: Tuple[int, int], batch: int,
+              c: int) -> Tuple[int, int, int]:
+        heads = blk.attn.num_heads
+        win = getattr(blk.attn, 'window_size', 0)
+        if not win:
+            return batch * heads, grid[0] * grid[1], c // heads
+        windows = -(-grid[0] // win) * -(-grid[1] // win)  # padded to whole windows
+        return batch * windows * heads, win * win, c // heads
+
+    @staticmethod
+    def _qkv_name(shape: Tuple[int, int, int]) -> str:
+        return 'qkv_{}_{}_{}'.format(*shape)
 
     @property
     def multiply_adds(self) -> int:
-        """Forward multiply-adds per call: ``blocks * 12 * tokens * C^2``."""
-        return sum(w.shape[0] * w.shape[1] for w in self.weights) * self.tokens
+        """Forward multiply-adds per call: ``blocks * 12 * tokens * C^2`` plus the attention
+        products (``2 * groups * span^2 * head dim`` a block) where attention mixes tokens."""
+        gemm = sum(w.shape[0] * w.shape[1] for w in self.weights) * self.tokens
+        return gemm + sum(2 * g * n * n * d for g, n, d in self.spans)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         t = self.x0.to(x.dtype) if x.dtype.is_floating_point else self.x0
@@ -154,6 +181,11 @@ class GemmFloor(nn.Module):
             w_qkv, w_proj, w_fc1, w_fc2 = self.weights[4 * i:4 * i + 4]
             # the means keep every product in the loss; they cost ~1/C of the GEMMs
             acc = acc + torch.mm(t, w_qkv).mean() + torch.mm(t, w_proj).mean()
+            if self.spans:
+                q, k, v = getattr(self, self._qkv_name(self.spans[i])).to(t.dtype)
+                if torch.is_grad_enabled():
+                    q, k, v = (z.detach().requires_grad_() for z in (q, k, v))
+                acc = acc + torch.bmm(torch.bmm(q, k.transpose(1, 2)), v).mean()
             t = torch.mm(torch.mm(t, w_fc1), w_fc2)
         return acc, t
 

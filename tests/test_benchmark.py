@@ -303,7 +303,7 @@ def test_cait_variant_table():
 def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
     tool = _tool('benchmark')
     out = tmp_path / 'bench'
-    argv = ['--quick', '--sizes', '64', '--dtypes', 'fp32', '--out-dir', str(out)]
+    argv = ['--quick', '--sizes', '64', '--dtypes', 'fp32', '--breakdown', '--out-dir', str(out)]
     tool.main(argv)
     printed = capsys.readouterr().out
     with open(out / 'benchmark.csv') as f:
@@ -316,13 +316,16 @@ def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
         assert r['mem_method'].startswith('VmHWM' if LINUX else 'ru_maxrss')
     md = (out / 'benchmark.md').read_text()
     assert md.count('| nano_12_p16 | 64x64 |') == 2 and 'load_avg' in md
+    assert md.count('### Where the time goes: nano_12_p16, 64x64') == 2  # --breakdown, 2 passes
+    assert md.count('| matrix products |') == 2
     # the printed command spells out every setting and parses back to the same run
     (line,) = {ln for ln in printed.splitlines() if ln.startswith('reproduce with: ')}
     cmd = shlex.split(line[len('reproduce with: '):])
     assert cmd[:2] == ['python', 'tools/benchmark.py'] and '--quick' not in cmd
     again, first = tool.parse_args(cmd[2:]), tool.parse_args(argv)
     for key in ('arch', 'config', 'sizes', 'batch', 'dtypes', 'passes', 'warmup', 'repeats',
-                'out_dir', 'compare_timm', 'compare_floor', 'compare_only', 'checkpoint'):
+                'out_dir', 'compare_timm', 'compare_floor', 'compare_only', 'checkpoint',
+                'breakdown'):
         assert getattr(again, key) == getattr(first, key), key
     assert f'Reproduce: `{line[len("reproduce with: "):]}`' in md
 
@@ -345,7 +348,7 @@ def test_benchmark_tool_compare_only_for_cait(tmp_path):
 def test_benchmark_tool_option_errors():
     tool = _tool('benchmark')
     for argv in (['--checkpoint', 'x.pth'], ['--compare-only'], ['--compare-floor'],
-                 ['--config', DEMO_SEG, '--compare-timm']):
+                 ['--config', DEMO_SEG, '--compare-timm'], ['--config', DEMO_SEG, '--breakdown']):
         with pytest.raises(SystemExit):
             tool.parse_args(argv)
 
@@ -472,3 +475,22 @@ def test_profile_train_step_tool(capsys):
     shares = [float(ln.split('|')[5].strip(' %')) for k, ln in rows.items()
               if k not in ('part', 'sum of the parts', '`model.train_step`, same run')]
     assert abs(sum(shares) - 100) <= len(shares)  # rounded shares of the sum
+
+
+def test_op_breakdown_counts_the_block_products_and_sums_to_the_pass():
+    """timm's XCiT forward (gram_xca=False) does the standard block GEMMs, XCA's per-head
+    products and the adapter's transposed convs (GEMMs on CPU): the profiler's count must be
+    exactly that; the kinds' seconds add up to the measured pass."""
+    res = bm.op_breakdown('nano_12_p16', (64, 96), 'fwd', 1, gram_xca=False,
+                          out_indices=(1, 3, 5, 7))
+    floor = bm.GemmFloor(bm.build_backbone('nano_12_p16', out_indices=(1, 3, 5, 7)), (64, 96))
+    n, c, d = 24, 128, 32  # tokens, channels, head dim (4 heads)
+    adapter = n * c * 4 * c * (1 + 4 + 1)  # 2x2 transposed convs run as GEMMs: 2 to stride 4, 1
+    xca = 8 * 2 * n * c * d  # q k^T and attn v per block, over tokens
+    assert res['kinds']['matrix products']['macs'] == floor.multiply_adds + adapter + xca
+    assert res['floor_macs'] == floor.multiply_adds
+    assert sum(k['seconds'] for k in res['kinds'].values()) == pytest.approx(res['total_s'])
+    assert {'matrix products', 'convolutions', 'GELU', 'normalisation'} <= res['kinds'].keys()
+    assert res['kinds']['GELU']['elements'] >= 8 * 24 * 4 * 128  # the MLPs' hidden maps
+    lines = bm.breakdown_markdown(res)
+    assert lines[0].startswith('| work |') and any('**all**' in ln for ln in lines)

@@ -75,6 +75,11 @@ def parse_args(argv=None):
                    help="with --compare-timm: also time the standard model's block GEMMs as "
                         'plain torch.mm on the same shapes, interleaved with the models '
                         '(the "ours / floor" columns)')
+    p.add_argument('--breakdown', action='store_true',
+                   help='with --arch, on CPU: also profile one fp32 call of each pass of each '
+                        'arch and size by kind of work (matrix products, convolutions, GELU, '
+                        'normalisation, copies...), each against its own floor measured in the '
+                        'same process (deepvit_mm/benchmark/breakdown.py)')
     p.add_argument('--compare-only', action='store_true',
                    help='with --compare-timm: only the comparison, not the per-model table')
     p.add_argument('--checkpoint', help='with --config: evaluate this checkpoint on the '
@@ -106,6 +111,8 @@ def parse_args(argv=None):
         p.error('--compare-only goes with --compare-timm')
     if args.compare_floor and not args.compare_timm:
         p.error('--compare-floor goes with --compare-timm')
+    if args.breakdown and not args.arch:
+        p.error('--breakdown profiles backbones: give --arch')
     if args.batch < 1 or args.repeats < 0 or args.warmup < 0:
         p.error('--batch must be >= 1, --repeats and --warmup >= 0')
     return args
@@ -127,6 +134,8 @@ def command_line(args) -> str:
         parts.append('--compare-floor')
     if args.compare_only:
         parts.append('--compare-only')
+    if args.breakdown:
+        parts.append('--breakdown')
     if args.checkpoint:
         parts += ['--checkpoint', args.checkpoint]
     if args.cfg_options:
@@ -168,6 +177,22 @@ def main(argv=None):
         metrics = bm.evaluate_checkpoint(args.config, args.checkpoint,
                                          os.path.join(args.out_dir, 'test'), args.cfg_options)
     paths = bm.write_report(args.out_dir, rows, comparisons, metrics, command, env)
+    if args.breakdown:
+        if args.device != 'cpu':
+            sys.exit('--breakdown profiles on CPU: add --device cpu')
+        lines = []
+        for arch in args.arch:
+            for size in sizes:
+                for mode in args.passes:
+                    log(f'breakdown: {arch} {bm.size_str(size)} {mode}')
+                    res = bm.run_isolated(bm.op_breakdown, arch, size, mode,
+                                          max(args.repeats, 1), timeout=args.timeout,
+                                          **dict(args.cfg_options or {}))
+                    lines += ['', f'### Where the time goes: {arch}, {bm.size_str(size)}, '
+                              f"{'inference' if mode == 'fwd' else 'training step'}, fp32, "
+                              f"{res['threads']} threads", '', *bm.breakdown_markdown(res)]
+        with open(paths['md'], 'a') as f:
+            f.write('\n'.join(lines) + '\n')
     with open(paths['md']) as f:
         print(f.read())
     print('wrote ' + ', '.join(paths[k] for k in ('md', 'csv', 'compare_csv', 'png') if k in paths))

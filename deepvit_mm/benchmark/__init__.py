@@ -14,6 +14,7 @@ One idea per module:
 * ``baselines``: what ours is compared with (timm's ``forward_intermediates``, the GEMM floor);
 * ``measure``: ``Case`` -> latency, throughput, memory (here or isolated); interleaved
   comparisons; one training step; a checkpoint's evaluation (``tools/test.py``'s);
+* ``breakdown``: a backbone's pass by kind of work, each against its own floor;
 * ``step``: a detector's or segmentor's training step timed part by part;
 * ``report``: markdown, CSV and plot writers;
 * ``suite``: grids of isolated measurements, what the tools run.
@@ -22,6 +23,7 @@ How each number is taken is written in ``docs/benchmark.md``.
 """
 from .baselines import BASELINES, GemmFloor, TimmBaseline
 from .batches import backbone_input, synthetic_batch, synthetic_data
+from .breakdown import breakdown_markdown, op_breakdown
 from .isolation import IsolatedError, run_isolated
 from .measure import (
     COMPARE_MODES,
@@ -57,4 +59,5 @@ __all__ = ['BASELINES', 'GemmFloor', 'TimmBaseline', 'backbone_input', 'syntheti
            'peak_rss', 'reset_peak_rss', 'tensor_peak', 'backbone_family', 'build_backbone',
            'build_from_config', 'is_config', 'load_config', 'environment', 'fmt',
            'markdown_table', 'size_str', 'write_report', 'compare_grid', 'measure_grid',
-           'cait_variant_row', 'cait_variants_markdown', 'profile_train_step', 'step_markdown']
+           'cait_variant_row', 'cait_variants_markdown', 'profile_train_step', 'step_markdown',
+           'op_breakdown', 'breakdown_markdown']

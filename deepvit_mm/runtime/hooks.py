@@ -119,9 +119,10 @@ class FiniteLossHook(Hook):
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         if not outputs:
             return
-        bad = {k: float(v) for k, v in outputs.items()
-               if (torch.is_tensor(v) and v.numel() == 1 or isinstance(v, float))
-               and not np.isfinite(float(v))}
+        scalars = {k: float(v.detach()) if torch.is_tensor(v) else v
+                   for k, v in outputs.items()
+                   if torch.is_tensor(v) and v.numel() == 1 or isinstance(v, float)}
+        bad = {k: v for k, v in scalars.items() if not np.isfinite(v)}
         if not bad:
             return
         last = None

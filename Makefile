@@ -11,9 +11,8 @@ setup:
 
 # Generate the embedded demo data, train an XCiT Mask R-CNN on it, evaluate COCO bbox/segm mAP on
 # the held-out split, draw its predictions into $(DEMO_DIR)/<timestamp>/vis and say where.
-# OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads sleep instead of spinning while they wait for
-# each other; on a 2-core machine shared with other jobs (load ~5) a demo step took 34 s of wall
-# time with spinning threads and 5.7 s without (1 thread: 5.6 s). Set it yourself to override.
+# OMP_WAIT_POLICY=PASSIVE: OpenMP threads sleep instead of spinning while they wait (on a machine
+# shared with other jobs, spinning threads made a step ~6x slower). Set it yourself to override.
 demo: export OMP_WAIT_POLICY ?= PASSIVE
 demo: setup
 	$(PY) tools/make_demo_data.py data/shapes

@@ -1,17 +1,11 @@
 # Demo: XCiT-N12/8 Mask R-CNN trained from scratch on the embedded synthetic shapes dataset
-# (tools/make_demo_data.py data/shapes: 400 train / 60 held-out val images, 256x256, 3 classes).
-# Sized for 2 CPU cores by a per-part profile of a training step (CPU-seconds a step of batch 4,
-# one thread, 2-core AMD EPYC; issue 18):
-#   N12/8, 128-channel FPN/heads, 3 anchor ratios, 128 RoIs: 2.74 s (backbone 1.40, RPN + RoI
-#     heads 0.98, neck 0.30, AdamW 0.05, data < 0.01); the 3x3 convs on the stride-4 level of the
-#     FPN and RPN alone were ~0.5 s
-#   this config: 8 of the 12 blocks (taps 1, 3, 5, 7), 64-channel FPN/heads, 1 anchor ratio
-#     (the shapes' boxes are near-square), 64 RoIs, 500 RPN proposals: 1.41 s (backbone 0.98)
-# Patch 8 kept: N12/16 (0.98 s a step) learned far slower per step (bbox mAP 0.24 after 300
-# steps against 0.30-0.35 for N12/8 after 250). `make demo` on the shared 2-core VM (load 2-3.6):
-# 12 min 2 s, held-out bbox/segm mAP 0.435/0.433 (350 steps: 0.379/0.376); short of issue 18's
-# 10 min and 0.5. Class-agnostic test NMS removed the circle-and-square duplicates but cost
-# ~0.06 mAP (0.316/0.318 at 350 steps), so the test keeps mmdet's per-class NMS.
+# (tools/make_demo_data.py data/shapes: 400 train / 60 held-out val images, 256x256, 3 classes),
+# sized for 2 CPU cores by a per-part profile of the training step
+# (tools/analysis/profile_train_step.py; docs/training.md#the-detection-demo has the numbers):
+# 8 of XCiT-N12/8's 12 blocks (taps 1, 3, 5, 7), 64-channel FPN and heads, one anchor ratio (the
+# shapes' boxes are near-square), 64 RoIs per image, half of them positive where there are that
+# many, class-agnostic box regression, and 840 steps of batch 2 (more updates learned more than
+# half as many steps of batch 4 for the same images seen).
 _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     'mmdet::_base_/default_runtime.py',
@@ -22,12 +16,10 @@ classes = ('circle', 'square', 'triangle')
 data_root = 'data/shapes/'
 image_size = 256
 channels = 64  # FPN and heads
-max_iters = 420
-# from scratch, 350 steps of the full N12/8 with 128-channel heads: 4e-4 reached bbox/segm mAP
-# 0.33/0.31, 8e-4 0.44/0.42; 1.5e-3 here (on N12/16, 1e-3 and 2e-3 did the same: 0.24/0.22 and
-# 0.22/0.22 after 300 steps)
-lr = 1.5e-3
-batch_size = 4
+max_iters = 840
+warmup = 100
+lr = 1.5e-3  # AdamW, from scratch
+batch_size = 2
 
 model = dict(
     data_preprocessor=dict(pad_size_divisor=32),
@@ -45,12 +37,13 @@ model = dict(
         # 2x2 samples per RoIAlign bin instead of the adaptive count: its CPU backward was ~15 %
         # of a step
         bbox_roi_extractor=dict(out_channels=channels, roi_layer=dict(sampling_ratio=2)),
-        bbox_head=dict(in_channels=channels, fc_out_channels=256, num_classes=len(classes)),
+        bbox_head=dict(in_channels=channels, fc_out_channels=256, num_classes=len(classes),
+                       reg_class_agnostic=True),
         mask_roi_extractor=dict(out_channels=channels, roi_layer=dict(sampling_ratio=2)),
         mask_head=dict(num_convs=2, in_channels=channels, conv_out_channels=channels,
                        num_classes=len(classes))),
     train_cfg=dict(rpn_proposal=dict(nms_pre=1000, max_per_img=500),
-                   rcnn=dict(sampler=dict(num=64))),
+                   rcnn=dict(sampler=dict(num=64, pos_fraction=0.5))),
     test_cfg=dict(rpn=dict(nms_pre=500, max_per_img=300)))
 
 train_pipeline = [
@@ -115,12 +108,12 @@ optim_wrapper = dict(
     paramwise_cfg=_base_.paramwise_cfg,  # the recipes' weight-decay rules
     clip_grad=dict(max_norm=5.0))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
-    dict(type='CosineAnnealingLR', by_epoch=False, begin=50, end=max_iters, eta_min=lr / 100),
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=warmup),
+    dict(type='CosineAnnealingLR', by_epoch=False, begin=warmup, end=max_iters, eta_min=lr / 100),
 ]
 
 default_hooks = dict(
-    logger=dict(type='LoggerHook', interval=25),
+    logger=dict(type='LoggerHook', interval=50),
     checkpoint=dict(_base_.checkpoint_hook, by_epoch=False, interval=max_iters, max_keep_ckpts=1))
 del _base_.checkpoint_hook, _base_.paramwise_cfg  # used: not left in the resolved config
 log_processor = dict(by_epoch=False)

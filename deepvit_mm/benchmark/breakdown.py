@@ -52,6 +52,11 @@ KINDS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                            'aten::constant_pad_nd', 'aten::pixel_shuffle', 'aten::col2im',
                            'aten::im2col', 'aten::_reshape_alias', 'aten::index_select')),
 )
+_VIEWS = frozenset(f'aten::{n}' for n in (
+    'view', 'reshape', '_reshape_alias', 'as_strided', 'transpose', 'permute', 't', 'expand',
+    'unsqueeze', 'squeeze', 'select', 'slice', 'split', 'chunk', 'unbind', 'narrow', 'flatten',
+    'unflatten', 'detach', 'alias', 'empty', 'empty_like', 'empty_strided', 'resize_',
+    'set_', 'lift_fresh', 'view_as', 'expand_as', 'contiguous', 'to', 'result_type'))
 _COUNTED = ('matrix products', 'convolutions')  # multiply-adds counted; others: bytes moved
 
 
@@ -67,6 +72,22 @@ def _numel(shape) -> int:
     for s in shape:
         n *= int(s)
     return n
+
+
+def _product_macs(name: str, shapes) -> int:
+    """Multiply-adds of a matrix product from its input shapes (the profiler counts none for the
+    in-place variants ``addmm_``/``baddbmm_``, which the inference path uses)."""
+    mats = [s for s in (shapes or []) if isinstance(s, (list, tuple)) and len(s) in (2, 3)]
+    if name in ('aten::addmm', 'aten::addmm_', 'aten::baddbmm', 'aten::baddbmm_',
+                'aten::_addmm_activation'):
+        mats = mats[1:3] if len(mats) >= 3 else mats[-2:]
+    else:
+        mats = mats[:2]
+    if len(mats) != 2:
+        return 0
+    a, b = mats
+    batch = a[0] if len(a) == 3 else 1
+    return batch * a[-2] * a[-1] * b[-1]
 
 
 def _event_bytes(e) -> int:
@@ -134,20 +155,22 @@ def op_breakdown(arch: str, size: Tuple[int, int] = (800, 1344), mode: str = 'fw
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
         run()
     kinds: Dict[str, Dict[str, float]] = {}
-    for e in prof.key_averages(group_by_input_shape=True):
-        kind = _kind(e.key)
-        if e.self_cpu_time_total <= 0 and not (e.flops and kind in _COUNTED):
+    for e in prof.events():
+        kind, self_s = _kind(e.name), e.self_cpu_time_total / 1e6
+        leaf = all(c.name in _VIEWS for c in e.cpu_children)  # allocations and views only
+        if self_s <= 0 and not (e.flops and kind in _COUNTED):
             continue  # e.g. aten::conv2d: its time is its children's, its count is here
         k = kinds.setdefault(kind, dict(seconds=0.0, calls=0, macs=0, bytes=0, elements=0))
-        k['seconds'] += e.self_cpu_time_total / 1e6
-        if e.self_cpu_time_total > 0:
-            k['calls'] += e.count
-        if kind in _COUNTED:
+        k['seconds'] += self_s
+        k['calls'] += self_s > 0
+        if kind == 'matrix products':
+            k['macs'] += _product_macs(e.name, e.input_shapes)
+        elif kind in _COUNTED:
             k['macs'] += int(e.flops or 0) // 2
-        else:
-            k['bytes'] += _event_bytes(e) * e.count
+        elif leaf and e.name not in _VIEWS:  # wrappers' bytes are their children's
+            k['bytes'] += _event_bytes(e)
             if kind == 'GELU' and e.input_shapes and e.input_shapes[0]:
-                k['elements'] += _numel(e.input_shapes[0]) * e.count
+                k['elements'] += _numel(e.input_shapes[0])
     scale = statistics.median(total) / max(sum(k['seconds'] for k in kinds.values()), 1e-9)
     for kind, k in kinds.items():
         k['seconds'] *= scale  # the profiled call is slower than an unprofiled one

@@ -63,7 +63,7 @@ def test_bf16_losses_close_to_float32():
     cfg.model.backbone.arch = 'nano_12_p16'
     model = build_model(cfg).train()
     data = model.data_preprocessor(demo_mm_inputs(
-        batch_size=1, image_shapes=[(3, 64, 64)], num_items=[3], num_classes=3, with_mask=True),
+        batch_size=1, image_shapes=[(3, 64, 96)], num_items=[3], num_classes=3, with_mask=True),
         True)
     ow = _wrapper(model)
     losses = {}
@@ -88,7 +88,10 @@ def test_train_amp_on_cpu_gives_finite_losses(shapes, tmp_path):
            str(tmp_path), '--cfg-options', f'train_dataloader.dataset.data_root={shapes}/',
            'model.backbone.arch=nano_12_p16', 'train_dataloader.batch_size=1',
            'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
-           'train_dataloader.dataset.pipeline.2.scale=(64,64)',  # bf16 is emulated on AVX2 CPUs
+           # 96x64: bf16 is emulated on AVX2 CPUs; the demo's one anchor ratio needs > 1 anchor a
+           # level (mmdet 3.3's RPN squeezes a single score to a scalar and fails)
+           'train_dataloader.dataset.pipeline.2.scale=(96,64)',
+           'train_dataloader.dataset.pipeline.2.keep_ratio=False',
            'model.train_cfg.rcnn.sampler.num=32', f'train_cfg.max_iters={iters}',
            'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
            'param_scheduler.0.end=1', 'param_scheduler.1.begin=1', f'param_scheduler.1.end={iters}',

@@ -31,6 +31,8 @@ model = dict(
         norm_cfg=dict(type='BN', requires_grad=True),
         init_cfg=None),  # from scratch: no hub access here; see README for ImageNet weights
     neck=dict(in_channels=[128] * 4, out_channels=channels),
+    # one anchor ratio: inputs must give every level at least 2 anchors (over 64 px), as mmdet
+    # 3.3's RPN fails on a level with a single one
     rpn_head=dict(in_channels=channels, feat_channels=channels,
                   anchor_generator=dict(ratios=[1.0])),
     roi_head=dict(

@@ -27,7 +27,8 @@ def _optim_cfg(**paramwise):
 def _mask_rcnn(**backbone):
     from mmdet.registry import MODELS
     cfg = Config.fromfile(DEMO)
-    cfg.model.backbone.update(arch='nano_12_p16', **backbone)
+    # all 12 blocks (the demo itself builds 8)
+    cfg.model.backbone.update(arch='nano_12_p16', out_indices=(3, 5, 7, 11), **backbone)
     init_default_scope('mmdet')
     return MODELS.build(cfg.model)
 

@@ -88,7 +88,8 @@ param_scheduler = [
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=25, log_metric_by_epoch=False),
-    checkpoint=dict(_base_.checkpoint_hook, by_epoch=False, interval=max_iters, max_keep_ckpts=1))
+    checkpoint=dict(_base_.checkpoint_hook, by_epoch=False, interval=max_iters, max_keep_ckpts=1),
+    visualization=dict(type='SegVisualizationHook'))  # tools/test.py --show-dir draws with it
 del _base_.checkpoint_hook, _base_.paramwise_cfg  # used: not left in the resolved config
 randomness = dict(seed=0)
 auto_scale_lr = dict(enable=False, base_batch_size=batch_size)

@@ -148,6 +148,9 @@ def test_config_uses_the_shared_runtime(path):
     assert cfg.optim_wrapper.paramwise_cfg == RUNTIME.paramwise_cfg
     # the runtime base's variables are consumed by the schedule bases, not left behind
     assert 'checkpoint_hook' not in cfg and 'paramwise_cfg' not in cfg
+    # tools/test.py --show-dir draws with the task's visualization hook
+    want = 'SegVisualizationHook' if cfg.default_scope == 'mmseg' else 'DetVisualizationHook'
+    assert cfg.default_hooks.visualization.type == want
 
 
 def _without_backbone(name):

@@ -20,15 +20,15 @@ against:
 Convolutions are reported without a floor (their multiply-adds are counted; oneDNN's rate on
 them is not a GEMM's).
 """
+import math
 import statistics
-import time
 from typing import Dict, List, Tuple
 
 import torch
 
 from .baselines import GemmFloor
 from .batches import backbone_input
-from .measure import pass_runner
+from .measure import _time_calls, pass_runner
 from .models import build_backbone, padded_size
 
 __all__ = ['KINDS', 'op_breakdown', 'breakdown_markdown']
@@ -68,10 +68,7 @@ def _kind(name: str) -> str:
 
 
 def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
+    return math.prod(int(d) for d in shape)
 
 
 def _product_macs(name: str, shapes) -> int:
@@ -98,15 +95,6 @@ def _event_bytes(e) -> int:
     if not shapes:
         return 0
     return 4 * (sum(_numel(s) for s in shapes) + max(_numel(s) for s in shapes))
-
-
-def _median_time(run, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def op_breakdown(arch: str, size: Tuple[int, int] = (800, 1344), mode: str = 'fwd',
@@ -144,10 +132,10 @@ def op_breakdown(arch: str, size: Tuple[int, int] = (800, 1344), mode: str = 'fw
     run(), run_floor(), run_stream(), run_gelu()  # warm-up
     total, floor_s, stream_s, gelu_s = [], [], [], []
     for _ in range(repeats):  # interleaved
-        total.append(_median_time(run, 1))
-        floor_s.append(_median_time(run_floor, 1))
-        stream_s.append(_median_time(run_stream, 5))
-        gelu_s.append(_median_time(run_gelu, 5))
+        total.append(statistics.median(_time_calls(run, 'cpu', 1)))
+        floor_s.append(statistics.median(_time_calls(run_floor, 'cpu', 1)))
+        stream_s.append(statistics.median(_time_calls(run_stream, 'cpu', 5)))
+        gelu_s.append(statistics.median(_time_calls(run_gelu, 'cpu', 5)))
     floor_macs = floor.multiply_adds * (3 if mode == 'train' else 1)
     gemm_rate = floor_macs / statistics.median(floor_s)
     stream_rate = 3 * a.numel() * 4 / statistics.median(stream_s)

@@ -241,7 +241,8 @@ def read_checkpoint(path: str, map_location='cpu') -> dict:
                 'run arbitrary code. Re-save only its tensors (a state dict) or convert it to '
                 '.safetensors. ' + _trust_hint(path)) from None
         if isinstance(e, (EOFError, zipfile.BadZipFile)) or 'zip' in msg.lower() \
-                or 'truncated' in msg.lower() or 'failed finding central directory' in msg:
+                or 'truncated' in msg.lower() or 'unexpected eof' in msg.lower() \
+                or 'failed finding central directory' in msg:
             raise CheckpointError(f'cannot read {path!r}: the file is truncated or corrupt ({msg[:200]}). '
                                   'Download or save it again.') from e
         raise CheckpointError(f'cannot read checkpoint {path!r}: {type(e).__name__}: {msg[:300]}. '
@@ -323,12 +324,20 @@ def config_text_problem(text: str) -> Optional[str]:
     return None
 
 
-def _refusing_config(where: str, problem: str, path: str) -> str:
-    """Config text that stops evaluation with our message (it is ours, not the checkpoint's)."""
+def _refusing_config(where: str, problem: str, path: str, resume: bool) -> str:
+    """Config text that stops evaluation with our message (it is ours, not the checkpoint's).
+    ``resume``: the text mmengine's ``Runner.resume`` evaluates (``meta['config']``), whatever
+    config the run was given; else the one inferencers evaluate when given no config."""
+    if resume:
+        remedy = ('mmengine evaluates it on --resume whatever config you give. To start from '
+                  'these weights without resuming, use load_from=CKPT (or --cfg-options '
+                  'load_from=CKPT) instead of --resume.')
+    else:
+        remedy = ('Give the config file explicitly: DetInferencer(model=CONFIG, weights=CKPT) or '
+                  'init_detector(CONFIG, CKPT) (mmdet), MMSegInferencer(model=CONFIG, '
+                  'weights=CKPT) or init_model(CONFIG, CKPT) (mmseg).')
     msg = (f'deepvit_mm did not evaluate the config text stored in checkpoint {path!r} '
-           f'({where}): it is not plain data ({problem}). Give the config file explicitly '
-           '(DetInferencer(model=CONFIG, weights=CKPT), init_detector(CONFIG, CKPT), or resume '
-           'with the run\'s own config). ' + _trust_hint(path))
+           f'({where}): it is not plain data ({problem}). {remedy} ' + _trust_hint(path))
     return f'raise RuntimeError({msg!r})\n'
 
 
@@ -342,7 +351,8 @@ def _neutralise_config_text(obj: dict, path: str) -> None:
         problem = config_text_problem(holder[place[-1]])
         if problem:
             where = "checkpoint['" + "']['".join(place) + "']"
-            holder[place[-1]] = _refusing_config(where, problem, path)
+            holder[place[-1]] = _refusing_config(where, problem, path,
+                                                  resume=place == ('meta', 'config'))
 
 
 # --------------------------------------------------------------------------------------------

@@ -201,6 +201,11 @@ def test_missing_empty_truncated(tmp_path, timm_model):
     (tmp_path / 'cut.safetensors').write_bytes(data[:-8])
     with pytest.raises(CheckpointError, match='truncated or corrupt'):
         read_checkpoint(str(tmp_path / 'cut.safetensors'))
+    buf = io.BytesIO()  # the legacy (non-zip) format, cut short
+    torch.save(timm_model.state_dict(), buf, _use_new_zipfile_serialization=False)
+    (tmp_path / 'cut_legacy.pth').write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+    with pytest.raises(CheckpointError, match='truncated or corrupt'):
+        read_checkpoint(str(tmp_path / 'cut_legacy.pth'))
     (tmp_path / 'text.pth').write_text('not a checkpoint at all')
     with pytest.raises(CheckpointError):
         read_checkpoint(str(tmp_path / 'text.pth'))

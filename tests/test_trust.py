@@ -111,12 +111,13 @@ def test_other_arch_refused_on_every_path(det, tmp_path, load):
     ckpt = str(tmp_path / 'tiny.pth')
     torch.save({'state_dict': other.state_dict()}, ckpt)
     with pytest.raises(CheckpointError, match=r"does not fit XCiT\(nano_12_p16\). It looks like a "
-                                              r"checkpoint of XCiT\(arch='tiny_12_p16'\)"):
+                                              r"checkpoint of XCiT\(arch='tiny_12_p16'\)\. Use a "
+                                              r"checkpoint of the same architecture"):
         load(cfg_file, ckpt)
 
 
 @pytest.mark.parametrize('load', DET_PATHS)
-def test_timm_classifier_loads_into_the_backbone(det, tmp_path, load):
+def test_timm_classifier_loads_into_the_backbone(det, tmp_path, load, logged):
     cfg_file, _, _ = det
     torch.manual_seed(5)
     timm_model = timm.create_model('xcit_nano_12_p16_224', num_classes=1000)
@@ -126,9 +127,16 @@ def test_timm_classifier_loads_into_the_backbone(det, tmp_path, load):
     want = timm_model.state_dict()
     for k, v in model.backbone.trunk.state_dict().items():
         torch.testing.assert_close(v, want[k], rtol=0, atol=0, msg=k)
+    # one report: the trunk loaded, the classifier's own parts dropped, the rest left at init
+    reports = [m for m in logged if m.startswith('weights from')]
+    assert len(reports) == 1, logged
+    n_trunk = len(model.backbone.trunk.state_dict())
+    assert f'loaded {n_trunk} tensors' in reports[0]
+    assert 'dropped on purpose' in reports[0] and 'backbone.trunk.cls_token' in reports[0]
+    assert 'left at init' in reports[0] and 'neck.' in reports[0]
 
 
-def test_other_class_count_is_skipped_and_reported(det, tmp_path):
+def test_other_class_count_is_skipped_and_reported(det, tmp_path, logged):
     cfg_file, ckpt, want = det
     cfg = Config.fromfile(cfg_file)
     cfg.model.roi_head.bbox_head.num_classes = 7
@@ -144,6 +152,15 @@ def test_other_class_count_is_skipped_and_reported(det, tmp_path):
     assert 'roi_head.bbox_head.fc_reg.weight' in report.loaded
     assert set(report.left_at_init) == set(skipped)
     assert 'skipped (4)' in report.format()
+    # through mmengine's own call chain (load_from, tools/test.py): loaded, said at WARNING
+    logged.clear()
+    model = build_model(cfg)
+    load_checkpoint(model, ckpt, map_location='cpu')
+    torch.testing.assert_close(model.state_dict()['roi_head.bbox_head.fc_reg.weight'],
+                               want['roi_head.bbox_head.fc_reg.weight'], rtol=0, atol=0)
+    reports = [m for m in logged if m.startswith('weights from')]
+    assert len(reports) == 1 and 'skipped (4)' in reports[0], logged
+    assert reports[0].endswith(f'(level {logging.WARNING})')
     with pytest.raises(CheckpointError, match='strict=True'):
         load_weights(model, read_checkpoint(ckpt), source=ckpt, strict=True)
 
@@ -218,8 +235,9 @@ def test_inferencer_without_config_never_evaluates_code(det, tmp_path, monkeypat
         from mmdet.apis import DetInferencer as Inferencer
     else:
         from mmseg.apis import MMSegInferencer as Inferencer
+    own_api = 'DetInferencer' if inferencer == 'det' else 'MMSegInferencer'
     with pytest.raises(RuntimeError, match=r'did not evaluate the config text stored in checkpoint'
-                                           rf'.*{TRUST_ENV}'):
+                                           rf'.*{own_api}\(model=CONFIG, weights=CKPT\).*{TRUST_ENV}'):
         Inferencer(model=None, weights=path, device='cpu')
     assert not (tmp_path / 'PWNED').exists()
     # asked for explicitly, it is evaluated as mmengine would
@@ -244,7 +262,8 @@ def test_resume_config_text_is_not_evaluated(tmp_path):
     path = str(tmp_path / 'iter_4.pth')
     torch.save({'state_dict': {}, 'meta': {'config': EVIL, 'epoch': 0, 'iter': 4}}, path)
     text = read_checkpoint(path)['meta']['config']
-    with pytest.raises(RuntimeError, match="checkpoint\\['meta'\\]\\['config'\\]"):
+    with pytest.raises(RuntimeError, match="checkpoint\\['meta'\\]\\['config'\\].*--resume "
+                                           "whatever config you give.*use load_from=CKPT"):
         Config.fromstring(text, '.py')  # exactly what Runner.resume does with it
     assert not (tmp_path / 'PWNED').exists()
 
@@ -321,6 +340,16 @@ def test_dino_training_checkpoint_teacher_by_default_student_on_request(tmp_path
         assert 'head.mlp.0.weight' in report.dropped
     with pytest.raises(CheckpointError, match="checkpoint_key='ema'"):
         MODELS.build(dict(type='XCiT', arch='nano_12_p16')).load_pretrained(path, 'ema')
+    # its Namespace is admitted, not what a Namespace holds
+    ckpt = _dino_checkpoint(teacher, student)
+    ckpt['args'].sampler = _Foreign()
+    torch.save(ckpt, path)
+    with pytest.raises(CheckpointError, match=r'not plain data \(test_trust._Foreign\)'):
+        MODELS.build(dict(type='XCiT', arch='nano_12_p16')).load_pretrained(path)
+
+
+class _Foreign:
+    """A class no checkpoint loader admits (pickled by reference to this module)."""
 
 
 def test_dino_release_loads(tmp_path):

@@ -478,8 +478,8 @@ class ColumnarBackbone(BaseModule):
                        target: torch.Tensor) -> Optional[torch.Tensor]:
         return None
 
-    @classmethod
-    def describe_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> str:
+    def describe_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> str:
+        """What ``state_dict`` (trunk keys) looks like, for a refusal's message."""
         for fam in ColumnarBackbone.families:
             arch = fam.arch_from_state_dict(state_dict)
             if arch:

@@ -155,10 +155,11 @@ class XCiT(ColumnarBackbone):
                 return name
         return f'unknown XCiT (embed_dim={dim}, depth={depth}, patch={patch})'
 
-    @classmethod
-    def describe_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> str:
+    def describe_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> str:
         desc = super().describe_state_dict(state_dict)
         qkv = qkv_cfg_from_state_dict(state_dict, prefix='trunk.')
-        if desc.startswith(f'It looks like a checkpoint of {cls.__name__}') and qkv is not None:
+        # the Q/K/V embedding is named only where it differs from this model's
+        if (desc.startswith(f'It looks like a checkpoint of {type(self).__name__}')
+                and qkv is not None and normalize_qkv_cfg(qkv) != self.qkv_cfg):
             desc += f' with qkv_cfg={qkv} (set the backbone\'s qkv_cfg to match it)'
         return desc

@@ -1,13 +1,16 @@
-# The README's two commands. Each first runs tools/setup_env.sh, which creates/uses .venv (or the
-# active virtualenv) and installs whatever is missing.
-PY := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV)/bin/python,$(CURDIR)/.venv/bin/python)
+# The README's two commands. Each first runs tools/setup_env.sh, which creates/uses the stack's
+# virtualenv (or the active one) and installs whatever is missing. STACK=newest (default: torch
+# 2.13.0, .venv) or STACK=torch2.1 (torch 2.1.2 + numpy < 2, .venv-torch2.1): the two stacks CI tests.
+STACK ?= newest
+VENV := $(if $(filter torch2.1,$(STACK)),.venv-torch2.1,.venv)
+PY := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV)/bin/python,$(CURDIR)/$(VENV)/bin/python)
 DEMO_CFG := configs/demo/mask_rcnn_xcit_nano_12_p8_shapes.py
 DEMO_DIR := work_dirs/demo
 
 .PHONY: setup demo test lint
 
 setup:
-	bash tools/setup_env.sh
+	STACK=$(STACK) bash tools/setup_env.sh
 
 # Generate the embedded demo data, train an XCiT Mask R-CNN on it, evaluate COCO bbox/segm mAP on
 # the held-out split, draw its predictions into $(DEMO_DIR)/<timestamp>/vis and say where.

@@ -1,14 +1,22 @@
-"""Check, before importing them, that the libraries deepvit_mm builds on are in supported ranges."""
+"""Check, before importing them, that the libraries deepvit_mm builds on are in supported ranges.
+
+The ranges (``version.SUPPORTED``) run from the oldest to the newest stack CI tests
+(``version.TESTED``); a message outside them names both stacks and how to set one up. Known to
+break inside the ranges, and checked here: numpy 2 beside a torch compiled against numpy 1 (torch
+2.1 cannot exchange arrays with it; pip pulls numpy 2 in through the newest opencv-python).
+"""
 from importlib import metadata
 from typing import Dict, List, Optional, Tuple
 
-from .version import SUPPORTED
+from .version import LIMITS, SUPPORTED, TESTED
 
-__all__ = ['check_versions', 'version_problems']
+__all__ = ['check_versions', 'version_problems', 'numpy_problem', 'tested_versions']
 
-FIX = ('Run the README set-up (`make test` or `bash tools/setup_env.sh`), or install the pinned '
-       'versions: pip install -c requirements/constraints.txt -e .  (mmcv: MMCV_WITH_OPS=1 pip '
-       'install --no-build-isolation mmcv==2.1.0)')
+FIX = ('Set up a tested stack: `make setup` (torch 2.13.0) or `make setup STACK=torch2.1` (torch '
+       '2.1.2, numpy < 2), or in an existing environment pin the rest with its constraints: '
+       'pip install -c requirements/constraints.txt -e .  (torch 2.1: '
+       '-c requirements/constraints-torch2.1.txt; mmcv: MMCV_WITH_OPS=1 pip install '
+       '--no-build-isolation mmcv==2.1.0, or OpenMMLab\'s wheel for your torch)')
 
 
 def _parse(v: str) -> Tuple[int, ...]:
@@ -17,6 +25,11 @@ def _parse(v: str) -> Tuple[int, ...]:
         digits = ''.join(c for c in part if c.isdigit())
         out.append(int(digits) if digits else 0)
     return tuple(out + [0] * (3 - len(out)))
+
+
+def tested_versions(pkg: str) -> str:
+    """``'2.1.2 and 2.13.0'``: the versions of ``pkg`` in the tested stacks."""
+    return ' and '.join(sorted({s[pkg] for s in TESTED.values()}, key=_parse))
 
 
 def version_problems(installed: Optional[Dict[str, Optional[str]]] = None) -> List[str]:
@@ -30,14 +43,32 @@ def version_problems(installed: Optional[Dict[str, Optional[str]]] = None) -> Li
                 v = metadata.version(pkg)
             except metadata.PackageNotFoundError:
                 v = None
+        need = f'need >={lo},<{hi}; tested: {tested_versions(pkg)}'
         if v is None:
-            problems.append(f'{pkg} is not installed (need >={lo},<{hi})')
+            problems.append(f'{pkg} is not installed ({need})')
         elif not _parse(lo) <= _parse(v) < _parse(hi):
-            problems.append(f'{pkg} {v} is not supported (need >={lo},<{hi})')
+            why = f': {LIMITS[pkg]}' if pkg in LIMITS and _parse(v) >= _parse(hi) else ''
+            problems.append(f'{pkg} {v} is not supported ({need}){why}')
     return problems
+
+
+def numpy_problem() -> Optional[str]:
+    """None if torch can exchange arrays with the installed numpy, else what to do."""
+    import numpy as np
+    import torch
+    try:
+        torch.from_numpy(np.zeros(1))
+        return None
+    except RuntimeError as e:  # "Numpy is not available": torch built against numpy 1.x
+        return (f'torch {torch.__version__} cannot use numpy {np.__version__} ({e}): it was '
+                'compiled against numpy 1.x. Install numpy < 2 with an opencv-python that accepts '
+                'it, in one command: pip install "numpy<2" "opencv-python<4.12"')
 
 
 def check_versions() -> None:
     problems = version_problems()
     if problems:
         raise ImportError('deepvit_mm: ' + '; '.join(problems) + '. ' + FIX)
+    problem = numpy_problem()
+    if problem:
+        raise ImportError('deepvit_mm: ' + problem)

@@ -37,6 +37,7 @@ mmengine integration (``install_mmengine_loader``, run by ``import deepvit_mm``)
 import argparse
 import ast
 import contextlib
+import importlib
 import logging
 import os
 import re
@@ -47,6 +48,8 @@ from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, 
 import numpy as np
 import torch
 import torch.nn as nn
+
+from .torch_compat import load_weights_only
 
 __all__ = [
     'CheckpointError', 'LoadReport', 'safe_globals', 'TRUST_ENV', 'trusted_checkpoints',
@@ -86,11 +89,17 @@ def safe_globals() -> list:
     * DINO training checkpoints: ``argparse.Namespace`` (their ``args``), an attribute bag.
     """
     from mmengine.logging import HistoryBuffer
-    multiarray = np._core.multiarray if hasattr(np, '_core') else np.core.multiarray
+    multiarray = importlib.import_module(
+        'numpy._core.multiarray' if np.lib.NumpyVersion(np.__version__) >= '2.0.0'
+        else 'numpy.core.multiarray')
+    # arrays pickled under numpy 2 name numpy._core, under numpy 1 numpy.core: read both
+    arrays = [(getattr(multiarray, fn), f'numpy.{pkg}.multiarray.{fn}')
+              for fn in ('_reconstruct', 'scalar') for pkg in ('core', '_core')]
+    # numpy >= 1.25 pickles dtypes as numpy.dtypes.<Name>DType classes
     dtype_classes = [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith('DType')]
     return [
-        HistoryBuffer, multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype,
-        *dtype_classes, (_history_buffer_getattr, 'builtins.getattr'), argparse.Namespace
+        HistoryBuffer, *arrays, np.ndarray, np.dtype, *dtype_classes,
+        (_history_buffer_getattr, 'builtins.getattr'), argparse.Namespace
     ]
 
 
@@ -228,8 +237,7 @@ def read_checkpoint(path: str, map_location='cpu') -> dict:
         if trusted:
             obj = torch.load(path, map_location=map_location, weights_only=False)
         else:
-            with torch.serialization.safe_globals(safe_globals()):
-                obj = torch.load(path, map_location=map_location, weights_only=True)
+            obj = load_weights_only(path, map_location, safe_globals())
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, zip errors...
         msg = str(e)
         if 'Unsupported global' in msg or 'Weights only load failed' in msg \

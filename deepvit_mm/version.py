@@ -1,12 +1,37 @@
 __version__ = '0.1.0'
 
-# What this release is tested with, and the ranges it accepts (lower inclusive, upper exclusive).
+# The two stacks CI installs and runs the whole test suite on (`.ci/run`: `make test` and
+# `make test STACK=torch2.1`), each pinned in full by its constraints file.
+# torch2.1: the newest torch OpenMMLab publishes mmcv 2.1.0 wheels for, so the stack most mmdet 3 /
+# mmseg 1 users have; with the oldest mmengine and timm accepted. newest: today's releases.
+TESTED = {
+    'torch2.1': dict(constraints='requirements/constraints-torch2.1.txt', torch='2.1.2',
+                     torchvision='0.16.2', numpy='1.26.4', mmcv='2.1.0', mmengine='0.10.3',
+                     mmdet='3.3.0', mmsegmentation='1.2.2', timm='1.0.9'),
+    'newest': dict(constraints='requirements/constraints.txt', torch='2.13.0', torchvision='0.28.0',
+                   numpy='2.4.6', mmcv='2.1.0', mmengine='0.10.7', mmdet='3.3.0',
+                   mmsegmentation='1.2.2', timm='1.0.31'),
+}
+
+# What `import deepvit_mm` accepts: from the oldest tested release up to and including the patch
+# releases of the newest tested minor (lower inclusive, upper exclusive). Releases in between the
+# two stacks take the code paths of one of them (deepvit_mm/torch_compat.py picks by feature, not
+# by version); what is known to break in between is checked by deepvit_mm/_deps.py.
 SUPPORTED = {
-    'torch': ('2.1.0', '2.14.0'),
-    'torchvision': ('0.16.0', '0.29.0'),
-    'mmcv': ('2.0.0', '2.2.0'),
-    'mmengine': ('0.10.0', '1.0.0'),
-    'mmdet': ('3.0.0', '3.4.0'),
-    'mmsegmentation': ('1.0.0', '1.3.0'),
-    'timm': ('1.0.9', '2.0.0'),
+    'torch': ('2.1.2', '2.14.0'),
+    'torchvision': ('0.16.2', '0.29.0'),
+    'mmcv': ('2.1.0', '2.2.0'),
+    'mmengine': ('0.10.3', '0.11.0'),
+    'mmdet': ('3.3.0', '3.4.0'),
+    'mmsegmentation': ('1.2.2', '1.3.0'),
+    'timm': ('1.0.9', '1.1.0'),
+}
+
+# Why the range ends where it does, where more than "not tested" is known (measured 2026-11-25).
+LIMITS = {
+    'torch': 'torch 2.14 cannot build mmcv 2.1.0: its headers need C++20 ("#error C++20 or later '
+             'compatible compiler is required to use ATen") and mmcv\'s setup.py passes '
+             '-std=c++17, which CXXFLAGS cannot override; OpenMMLab publishes no mmcv 2.1.0 wheel '
+             'for it',
+    'mmcv': 'mmdet 3.3.0 and mmsegmentation 1.2.2 refuse mmcv >= 2.2.0 at import',
 }

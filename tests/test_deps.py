@@ -1,37 +1,79 @@
 """`import deepvit_mm` checks the versions it depends on and says what to do."""
+import re
+
 import pytest
 
 from deepvit_mm import XCiT
-from deepvit_mm._deps import FIX, version_problems
-from deepvit_mm.version import SUPPORTED
+from deepvit_mm._deps import FIX, numpy_problem, version_problems
+from deepvit_mm.version import LIMITS, SUPPORTED, TESTED
 
-GOOD = {'torch': '2.13.0+cpu', 'torchvision': '0.28.0', 'mmcv': '2.1.0', 'mmengine': '0.10.7',
-        'mmdet': '3.3.0', 'mmsegmentation': '1.2.2', 'timm': '1.0.31'}
+
+def _stack(name):
+    return {k: v for k, v in TESTED[name].items() if k in SUPPORTED}
 
 
 def test_installed_stack_is_supported():
-    assert version_problems() == []
+    assert version_problems() == [] and numpy_problem() is None
 
 
-def test_good_versions_pass():
-    assert version_problems(GOOD) == []
+@pytest.mark.parametrize('stack', sorted(TESTED))
+def test_every_tested_stack_is_supported_and_spans_the_range(stack):
+    assert set(_stack(stack)) == set(SUPPORTED)
+    assert version_problems(_stack(stack)) == []
+
+
+def test_range_ends_at_the_tested_versions():
+    """The lower bound is the oldest tested release; the upper admits only patch releases of the
+    newest tested minor."""
+    for pkg, (lo, hi) in SUPPORTED.items():
+        tested = sorted((tuple(int(x) for x in s[pkg].split('.')) for s in TESTED.values()))
+        assert tuple(int(x) for x in lo.split('.')) == tested[0], pkg
+        newest = tested[-1]
+        assert tuple(int(x) for x in hi.split('.')) == (newest[0], newest[1] + 1, 0), pkg
+
+
+def test_constraints_files_pin_the_tested_stacks():
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name, stack in TESTED.items():
+        with open(os.path.join(root, stack['constraints'])) as f:
+            pins = dict(re.findall(r'^([A-Za-z0-9_.-]+)===?([^\s#]+)', f.read(), re.M))
+        for pkg in ('torch', 'torchvision', 'numpy', 'mmcv', 'mmengine', 'mmdet', 'mmsegmentation',
+                    'timm'):
+            assert pins[pkg] == stack[pkg], (name, pkg)
 
 
 @pytest.mark.parametrize('pkg,version,expect', [
-    ('mmcv', '2.2.0', 'mmcv 2.2.0 is not supported (need >=2.0.0,<2.2.0)'),
-    ('torch', '2.14.1', 'torch 2.14.1 is not supported'),
+    ('mmcv', '2.2.0', 'mmcv 2.2.0 is not supported (need >=2.1.0,<2.2.0; tested: 2.1.0): mmdet 3.3.0'),
+    ('torch', '2.14.1', 'torch 2.14.1 is not supported (need >=2.1.2,<2.14.0; tested: 2.1.2 and '
+                        '2.13.0): torch 2.14 cannot build mmcv 2.1.0'),
+    ('torch', '2.0.1', 'torch 2.0.1 is not supported (need >=2.1.2,<2.14.0; tested: 2.1.2 and 2.13.0)'),
+    ('mmengine', '0.10.2', 'mmengine 0.10.2 is not supported (need >=0.10.3,<0.11.0; tested: 0.10.3 '
+                           'and 0.10.7)'),
+    ('timm', '1.0.8', 'timm 1.0.8 is not supported (need >=1.0.9,<1.1.0; tested: 1.0.9 and 1.0.31)'),
     ('mmdet', '2.28.2', 'mmdet 2.28.2 is not supported'),
     ('mmsegmentation', '0.30.0', 'mmsegmentation 0.30.0 is not supported'),
     ('timm', None, 'timm is not installed'),
 ])
 def test_unsupported_versions_named(pkg, version, expect):
-    problems = version_problems(dict(GOOD, **{pkg: version}))
+    problems = version_problems(dict(_stack('newest'), **{pkg: version}))
     assert len(problems) == 1 and problems[0].startswith(expect)
-    assert set(SUPPORTED) == set(GOOD)
+    if version == '2.0.1':  # a limit's reason is given only above the range
+        assert LIMITS['torch'] not in problems[0]
 
 
 def test_fix_says_what_to_run():
-    assert 'constraints.txt' in FIX and 'MMCV_WITH_OPS=1' in FIX
+    assert 'STACK=torch2.1' in FIX and 'constraints-torch2.1.txt' in FIX and 'MMCV_WITH_OPS=1' in FIX
+
+
+def test_numpy_that_torch_cannot_use_is_named(monkeypatch):
+    import torch
+
+    def no_numpy(a):  # what torch 2.1.2 raises beside numpy 2 (measured: numpy 2.2.6)
+        raise RuntimeError('Numpy is not available')
+    monkeypatch.setattr(torch, 'from_numpy', no_numpy)
+    assert re.search(r'cannot use numpy .*compiled against numpy 1\.x.*pip install "numpy<2" '
+                     r'"opencv-python<4.12"', numpy_problem())
 
 
 def test_arch_fixed_arguments_refused():

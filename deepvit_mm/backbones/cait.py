@@ -38,13 +38,14 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 from mmengine.logging import print_log
 from timm.layers import PatchEmbed, resample_abs_pos_embed
-from timm.models import checkpoint
 from timm.models.cait import Cait, checkpoint_filter_fn
 
 from ..registry import register_model
-from .columnar import ArchSpec, ColumnarBackbone, _export_tracing, count_blocks
+from ..tracing import capturing_for_other_sizes
+from .columnar import ArchSpec, ColumnarBackbone, count_blocks
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 
 __all__ = ['CaiT']
@@ -232,7 +233,7 @@ class CaiT(ColumnarBackbone):
             Tensor: ``(1, h * w, embed_dim)``.
         """
         pos = self.trunk.pos_embed
-        if _export_tracing():  # resampled in the graph at the input's grid: no cache, no int()
+        if capturing_for_other_sizes():  # resampled in the graph at the input's grid: no cache, no int()
             return resample_abs_pos_embed(pos, new_size=list(grid), old_size=self.pos_embed_grid,
                                           num_prefix_tokens=0)
         grid = (int(grid[0]), int(grid[1]))
@@ -317,7 +318,7 @@ class CaiT(ColumnarBackbone):
         taps, take = [], set(self.out_indices)
         for i, blk in enumerate(trunk.blocks):
             if trunk.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(blk, x)
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
             else:
                 x = blk(x)
             if i in take:

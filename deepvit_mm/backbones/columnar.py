@@ -21,6 +21,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..checkpoints import LoadReport, load_weights, read_checkpoint
 from ..pyramid import ColumnarPyramid
+from ..torch_compat import autocast_enabled
+from ..tracing import in_graph_capture
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 
 __all__ = ['ColumnarBackbone', 'ArchSpec']
@@ -147,6 +149,11 @@ class ColumnarBackbone(BaseModule):
                                        **trunk_kwargs)
         self._kept_blocks = max(self.out_indices) + 1
         self.trunk.prune_intermediate_layers(self.out_indices, prune_norm=True, prune_head=True)
+        # reason: timm before 1.0.31 keeps the class token when it prunes the head; a parameter
+        # that never gets a gradient (DDP without find_unused_parameters stops on it)
+        for part in self.classifier_parts:
+            if isinstance(getattr(self.trunk, part, None), nn.Parameter):
+                setattr(self.trunk, part, None)
         try:
             self._convert_batchnorms(self.trunk, self.norm_cfg)
             self.adapter = ColumnarPyramid(self.embed_dim, in_stride=self.patch_size,
@@ -329,7 +336,7 @@ class ColumnarBackbone(BaseModule):
         ph, pw = (-h) % self.pad_to, (-w) % self.pad_to
         if self.pad_input and (ph or pw):
             x = F.pad(x, (0, pw, 0, ph))
-        if not _exporting():
+        if not in_graph_capture():
             self._check_memory(x)
         with full_recomputation(self.with_cp):
             taps = self._forward_taps(x)
@@ -357,7 +364,7 @@ class ColumnarBackbone(BaseModule):
             raise TypeError(f'{name} expects float images normalised by the data preprocessor '
                             f'(mean/std), got {x.dtype}: use mmdet/mmseg\'s data preprocessor, or '
                             f'(x.float() - mean) / std.')
-        if x.dtype != weight_dtype and not _autocast_on(x.device):
+        if x.dtype != weight_dtype and not autocast_enabled(x.device.type):
             raise TypeError(f'{name}: input is {x.dtype} but the weights are {weight_dtype}: pass '
                             f'x.to({weight_dtype}), convert the model (model.to({x.dtype})), or run '
                             'under torch.autocast for mixed precision.')
@@ -372,7 +379,7 @@ class ColumnarBackbone(BaseModule):
                              f'a side for the stride-{self.pad_to} level, got '
                              f'{tuple(x.shape[-2:])}; use pad_input=True or larger images.')
         # (not on meta tensors, which have no values: FLOP counting runs the model on them)
-        if not _exporting() and x.device.type != 'meta' and x.numel() and not torch.isfinite(x).all():
+        if not in_graph_capture() and x.device.type != 'meta' and x.numel() and not torch.isfinite(x).all():
             bad = int((~torch.isfinite(x)).sum())
             raise ValueError(f'{name}: the input holds {bad} NaN or infinite values, which would '
                              'make every output NaN. Check the images and the data preprocessor '
@@ -396,7 +403,7 @@ class ColumnarBackbone(BaseModule):
     def _check_memory(self, x: torch.Tensor) -> None:
         """Refuse, before allocating, an input whose forward cannot fit the device's free memory."""
         grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
-        element = 2 if _autocast_on(x.device) else x.element_size()
+        element = 2 if autocast_enabled(x.device.type) else x.element_size()
         need = self._activation_bytes(x.shape[0], grid, element, x.device)
         free = _free_memory(x.device)
         if free is not None and need > free:
@@ -498,32 +505,6 @@ class ColumnarBackbone(BaseModule):
         """
         return load_weights(self, read_checkpoint(path), source=repr(path),
                             checkpoint_key=checkpoint_key)
-
-
-def _exporting() -> bool:
-    """Tracing or exporting (ONNX, TorchScript, torch.compile): value-dependent checks are skipped
-    there, since they would be frozen into the graph as constants."""
-    return (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-            or torch.compiler.is_compiling())
-
-
-def _autocast_on(device: torch.device) -> bool:
-    """Whether autocast is on for ``device`` (False for device types autocast does not know, such
-    as ``meta``, on which FLOP counting runs the model)."""
-    try:
-        return torch.is_autocast_enabled(device.type)
-    except RuntimeError:  # "unknown device type for autocast"
-        return False
-
-
-def _export_tracing() -> bool:
-    """Tracing into a graph that is then run at other sizes (ONNX export, ``torch.export``,
-    TorchScript tracing): choices that depend on the input's size (``'auto'`` fast paths, chunk
-    loops) must not be taken from the example there. Not torch.compile, which re-traces when a
-    size changes, so that its per-input choices stay right."""
-    is_exporting = getattr(torch.compiler, 'is_exporting', None)  # torch >= 2.7
-    return (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-            or bool(is_exporting and is_exporting()))
 
 
 def _free_memory(device: torch.device) -> Optional[int]:

@@ -29,7 +29,7 @@ import torch
 from timm.models.cait import TalkingHeadAttn
 from timm.models.vision_transformer_sam import window_partition, window_unpartition
 
-from .columnar import _export_tracing
+from ..tracing import capturing_for_other_sizes
 
 __all__ = ['GridTalkingHeadAttn', 'talking_heads_chunked', 'default_query_chunk',
            'CPU_QUERY_CHUNK']
@@ -44,7 +44,7 @@ def default_query_chunk(device: torch.device) -> Optional[int]:
     (measured), None (timm's attention; not measured) elsewhere. None while exporting (ONNX,
     torch.export, tracing): the chunk loop would freeze the example input's token count into the
     graph; an explicit ``query_chunk`` (``query_chunks=True``) still chunks, at that size only."""
-    if _export_tracing():
+    if capturing_for_other_sizes():
         return None
     return CPU_QUERY_CHUNK if device.type == 'cpu' else None
 

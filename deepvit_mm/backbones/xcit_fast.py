@@ -36,7 +36,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .columnar import _export_tracing
+from ..torch_compat import autocast_dtype, autocast_enabled
+from ..tracing import capturing_for_other_sizes
 
 __all__ = ['fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward', 'xca_block_inference',
            'xca_block_forward_auto', 'fast_path_helps', 'has_linear_qkv', 'default_chunk']
@@ -54,7 +55,7 @@ def _chunks(n: int, size: int):
 
 def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
     dev = x.device.type
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    return autocast_dtype(dev) if autocast_enabled(dev) else x.dtype
 
 
 def fold_xca(attn: nn.Module, gram: torch.Tensor, tok_sum: Optional[torch.Tensor], n: int,
@@ -168,7 +169,7 @@ def fast_path_helps(x: torch.Tensor) -> bool:
     """The 'auto' rule: whether ``xca_block_forward`` is expected to be faster than timm's
     ``XCABlock.forward`` on tokens ``x`` ``(B, N, C)`` (the thresholds above; devices other than
     CPU and CUDA: False, not measured; while exporting: ``EXPORT_FAST_PATH``)."""
-    if _export_tracing():
+    if capturing_for_other_sizes():
         return EXPORT_FAST_PATH
     B, N, C = x.shape
     dev = x.device.type
@@ -176,7 +177,7 @@ def fast_path_helps(x: torch.Tensor) -> bool:
         return N >= CPU_MIN_TOKENS_PER_CHANNEL * C
     if dev == 'cuda':
         low = x.dtype in (torch.float16, torch.bfloat16) or (
-            torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) != torch.float32)
+            autocast_enabled(dev) and autocast_dtype(dev) != torch.float32)
         return B * N * C * C >= (CUDA_MIN_WORK_LOW_PRECISION if low else CUDA_MIN_WORK_FP32)
     return False
 
@@ -186,6 +187,12 @@ def xca_block_forward_auto(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> t
     if fast_path_helps(x):
         return xca_block_forward(blk, x, H, W)
     return type(blk).forward(blk, x, H, W)
+
+
+def _drop_path(blk: nn.Module, i: int) -> nn.Module:
+    """The stochastic depth of an XCA block's ``i``-th residual: timm 1.0.21 and later build one
+    per residual (``drop_path1..3``), earlier releases one ``drop_path`` for all three."""
+    return getattr(blk, f'drop_path{i}', None) or blk.drop_path
 
 
 def xca_block_forward(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> torch.Tensor:
@@ -205,10 +212,10 @@ def xca_block_forward(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> torch.
         return xca_block_inference(blk, x, H, W)
     y = blk.norm1(x)
     y = xca_from_gram(attn, y) if has_linear_qkv(attn) else attn(y)
-    x = _residual(x, blk.gamma1, y, blk.drop_path1)
+    x = _residual(x, blk.gamma1, y, _drop_path(blk, 1))
     # timm's order: LPI (gamma3) before the MLP (gamma2), as in the official code
-    x = _residual(x, blk.gamma3, lpi_forward(blk.local_mp, blk.norm3(x), H, W), blk.drop_path3)
-    x = _residual(x, blk.gamma2, blk.mlp(blk.norm2(x)), blk.drop_path2)
+    x = _residual(x, blk.gamma3, lpi_forward(blk.local_mp, blk.norm3(x), H, W), _drop_path(blk, 3))
+    x = _residual(x, blk.gamma2, blk.mlp(blk.norm2(x)), _drop_path(blk, 2))
     return x
 
 
@@ -234,7 +241,7 @@ def default_chunk(device: torch.device) -> Optional[int]:
     """Tokens per step of ``xca_block_inference`` on ``device``: 1,024 on CPUs (a chunk's
     intermediates stay in cache), None (every token of every image at once) elsewhere, where
     fewer and larger kernels win. None while exporting (see ``EXPORT_FAST_PATH``)."""
-    if _export_tracing():
+    if capturing_for_other_sizes():
         return None
     return 1024 if device.type == 'cpu' else None
 

@@ -31,6 +31,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from ..torch_compat import flop_counter
 from .models import load_config
 from .report import fmt, markdown_table, size_str
 
@@ -126,8 +127,7 @@ def count_macs(run: Callable[[], object], root: nn.Module) -> Dict[str, int]:
     Returns:
         dict[str, int]: Multiply-adds (FLOPs / 2) of each module that ran any counted op.
     """
-    from torch.utils.flop_counter import FlopCounterMode
-    counter = FlopCounterMode(display=False)
+    counter = flop_counter(root)
     with counter, torch.no_grad():
         run()
     # the counter keys modules by their path under the class name of the module first called

@@ -21,6 +21,8 @@ from typing import Callable, Tuple
 
 import torch
 
+from ..torch_compat import profiler_event_start_ns
+
 __all__ = ['MiB', 'current_rss', 'reset_peak_rss', 'peak_rss', 'peak_memory', 'tensor_peak',
            'limit_address_space']
 
@@ -112,7 +114,7 @@ def tensor_peak(run: Callable[[], object]) -> float:
     # reason: the profiler's public tables aggregate per operator; the time-ordered memory events
     # are only reachable through kineto's results
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == '[memory]'),
-                    key=lambda e: e.start_ns())
+                    key=profiler_event_start_ns)
     current = peak = 0
     for e in events:
         current += e.nbytes()

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..torch_compat import onnx_dynamo_export_problem
 from .layers import export_forms
 
 __all__ = ['SIZE_DIVISOR', 'DYNAMIC_MIN', 'DYNAMIC_MAX', 'DEFAULT_OPSET', 'require', 'dynamic_range',
@@ -123,6 +124,9 @@ def export_onnx(wrapper: nn.Module, out: str, shape: Sequence[int] = (512, 512),
     Returns:
         str: ``out``.
     """
+    problem = onnx_dynamo_export_problem()
+    if problem:
+        raise RuntimeError(problem)
     onnx = require('onnx')
     require('onnxscript')
     shape = tuple(int(s) for s in shape)

@@ -25,6 +25,8 @@ from mmengine.logging import print_log
 from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
+from ..torch_compat import autocast_enabled
+
 __all__ = ['CPUAmpOptimWrapper', 'run_mmcv_ops_in_float32']
 
 _MARK = '_deepvit_mm_float32'
@@ -52,7 +54,7 @@ def _first_float_dtype(args) -> Optional[torch.dtype]:
 def _wrap_forward(forward: Callable) -> Callable:
     @functools.wraps(forward)
     def wrapped(ctx, *args, **kwargs):
-        ctx._deepvit_mm_autocast = torch.is_autocast_enabled('cpu')
+        ctx._deepvit_mm_autocast = autocast_enabled('cpu')
         if not ctx._deepvit_mm_autocast:
             return forward(ctx, *args, **kwargs)
         out_dtype = _first_float_dtype(args)

@@ -1,0 +1,197 @@
+"""The PyTorch APIs that differ between the oldest and newest torch deepvit_mm supports.
+
+Tested at both ends (``deepvit_mm.version.TESTED``): torch 2.1.2, the newest torch OpenMMLab
+publishes mmcv 2.1.0 wheels for, and torch 2.13.0. Each function picks the API by what the
+installed torch has (feature detection, not a version table), so a torch in between takes
+whichever of the two tested paths its API supports.
+
+* ``is_compiling`` / ``is_exporting``: ``torch.compiler.is_compiling`` (2.3+; 2.1 has
+  ``torch._dynamo.is_compiling``), ``torch.compiler.is_exporting`` (2.7+; absent: False).
+* ``autocast_enabled`` / ``autocast_dtype``: ``torch.is_autocast_enabled(device_type)`` and
+  ``torch.get_autocast_dtype`` (2.4+); torch 2.1 has the CUDA-only argument-less forms and
+  ``is_autocast_cpu_enabled`` / ``get_autocast_cpu_dtype``.
+* ``load_weights_only``: ``torch.load`` that admits only tensors, plain containers and an
+  allowlist. torch >= 2.6: torch's own ``weights_only=True`` with ``serialization.safe_globals``;
+  older torch cannot extend its allowlist (no ``safe_globals``, and ``add_safe_globals`` would
+  change the whole process), so the file is read through ``RestrictedUnpickler``, which resolves
+  a global only if it is on the same allowlist (Python's documented way to restrict unpickling).
+  Neither runs code from the file.
+* ``profiler_event_start_ns``: kineto events have ``start_ns`` from 2.2 on, ``start_us`` before.
+* ``flop_counter``: ``FlopCounterMode`` attributes counts to the modules it sees run where it has
+  ``ModuleTracker`` (newer torch; passing the module only warns there); torch 2.1 only to the
+  modules it is given.
+* ``onnx_dynamo_export_problem``: ``torch.onnx.export(dynamo=True)``, which ONNX export needs.
+"""
+import _compat_pickle
+import inspect
+import pickle
+import types
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
+
+import torch
+
+__all__ = [
+    'TORCH_VERSION', 'is_compiling', 'is_exporting', 'autocast_enabled', 'autocast_dtype',
+    'load_weights_only', 'RestrictedUnpickler', 'profiler_event_start_ns', 'flop_counter',
+    'onnx_dynamo_export_problem'
+]
+
+
+def _release(v: str) -> Tuple[int, ...]:
+    return tuple(int(''.join(c for c in p if c.isdigit()) or 0) for p in v.split('+')[0].split('.')[:3])
+
+
+TORCH_VERSION = _release(torch.__version__)
+
+
+def is_compiling() -> bool:
+    """Inside ``torch.compile``'s (dynamo's) tracing."""
+    compiler = getattr(torch, 'compiler', None)
+    if compiler is not None and hasattr(compiler, 'is_compiling'):
+        return compiler.is_compiling()
+    return torch._dynamo.is_compiling()  # torch 2.1, 2.2
+
+
+def is_exporting() -> bool:
+    """Inside ``torch.export`` (which ``torch.onnx.export(dynamo=True)`` runs)."""
+    fn = getattr(getattr(torch, 'compiler', None), 'is_exporting', None)  # torch >= 2.7
+    return bool(fn is not None and fn())
+
+
+def _autocast_api_takes_device() -> bool:
+    try:
+        torch.is_autocast_enabled('cpu')
+        return True
+    except TypeError:  # torch < 2.4: is_autocast_enabled() takes no argument
+        return False
+
+
+_DEVICE_API = _autocast_api_takes_device()
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (False for types autocast does not know, such as
+    ``meta``, on which FLOP counting runs the model)."""
+    if _DEVICE_API:
+        try:
+            return torch.is_autocast_enabled(device_type)
+        except RuntimeError:  # "unknown device type for autocast"
+            return False
+    if device_type == 'cpu':
+        return torch.is_autocast_cpu_enabled()
+    if device_type == 'cuda':
+        return torch.is_autocast_enabled()
+    return False
+
+
+def autocast_dtype(device_type: str) -> torch.dtype:
+    """The dtype autocast computes in on ``device_type`` (meaningful where it is enabled)."""
+    if _DEVICE_API:
+        return torch.get_autocast_dtype(device_type)
+    if device_type == 'cpu':
+        return torch.get_autocast_cpu_dtype()
+    return torch.get_autocast_gpu_dtype()
+
+
+# --------------------------------------------------------------------------------------------
+# torch.load restricted to an allowlist
+# --------------------------------------------------------------------------------------------
+AllowedGlobal = Union[Callable, type, Tuple[Callable, str]]
+
+
+def _qualified(obj: Any) -> str:
+    return f'{obj.__module__}.{obj.__qualname__}'
+
+
+def _torch_allowed_globals() -> Dict[str, Any]:
+    """What torch's own ``weights_only`` unpickler admits (tensors, storages, OrderedDict, ...),
+    with the plain data that torch 2.13's list admits and older lists lack: bytes of numpy arrays
+    pickled at protocol 2 (``_codecs.encode``), sets, complex numbers, devices, every dtype."""
+    import _codecs
+    import collections
+
+    from torch import _weights_only_unpickler as wou
+    table = dict(wou._get_allowed_globals())
+    table.update({'_codecs.encode': _codecs.encode, 'builtins.set': set,
+                  'builtins.bytearray': bytearray, 'builtins.complex': complex,
+                  'collections.Counter': collections.Counter, 'torch.device': torch.device})
+    table.update({f'torch.{n}': getattr(torch, n) for n in dir(torch)
+                  if isinstance(getattr(torch, n), (torch.dtype, torch.qscheme))})
+    return table
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """A ``pickle.Unpickler`` that resolves only allowlisted globals: torch's own
+    ``weights_only`` allowlist plus ``allowed``. Every way a pickle names a callable (``GLOBAL``,
+    ``STACK_GLOBAL``, ``INST``, ``OBJ``, extension codes) goes through ``find_class``, so a file can
+    call nothing else. ``torch.load`` subclasses it (``pickle_module=``) and serves storages
+    itself."""
+
+    allowed: Dict[str, Any] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        # protocol 0-2 pickles name Python 2 modules (__builtin__.set): the names Python maps
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        key = f'{module}.{name}'
+        if key in self.allowed:
+            return self.allowed[key]
+        raise pickle.UnpicklingError(
+            f'Weights only load failed: Unsupported global: GLOBAL {key} is not an allowed global')
+
+
+def _restricted_pickle_module(allowed: Iterable[AllowedGlobal]) -> types.ModuleType:
+    table = _torch_allowed_globals()
+    for entry in allowed:
+        fn, name = entry if isinstance(entry, tuple) else (entry, _qualified(entry))
+        table[name] = fn
+    unpickler = type('RestrictedUnpickler', (RestrictedUnpickler,), {'allowed': table})
+    module = types.ModuleType('deepvit_mm_restricted_pickle')
+    module.Unpickler = unpickler
+    module.load = lambda f, **kw: unpickler(f, **kw).load()
+    module.__name__ = 'deepvit_mm_restricted_pickle'
+    return module
+
+
+def load_weights_only(path: str, map_location: Any, allowed: Iterable[AllowedGlobal]) -> Any:
+    """``torch.load(path)`` admitting only tensors, plain containers and ``allowed`` (classes and
+    functions, or ``(function, 'module.name')`` pairs standing in for the named global).
+
+    Raises:
+        pickle.UnpicklingError: The file holds another global; the message contains
+            ``Unsupported global: GLOBAL <module.name>``, as torch's own refusal does.
+    """
+    allowed = list(allowed)
+    if TORCH_VERSION >= (2, 6):
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    return torch.load(path, map_location=map_location, weights_only=False,
+                      pickle_module=_restricted_pickle_module(allowed))
+
+
+def profiler_event_start_ns(event: Any) -> int:
+    """Start time (ns) of a kineto event of ``torch.profiler``."""
+    if hasattr(event, 'start_ns'):
+        return event.start_ns()
+    return event.start_us() * 1000  # torch < 2.2
+
+
+def flop_counter(root: torch.nn.Module) -> Any:
+    """A ``torch.utils.flop_counter.FlopCounterMode`` (no display) that keys counts by module
+    path under ``root``'s class name (``XCiT.trunk.blocks.0``)."""
+    from torch.utils import flop_counter as fc
+    if hasattr(fc, 'ModuleTracker'):
+        return fc.FlopCounterMode(display=False)
+    return fc.FlopCounterMode(root, display=False)
+
+
+def onnx_dynamo_export_problem() -> Optional[str]:
+    """None if ``torch.onnx.export(dynamo=True)`` exists here, else what to do instead."""
+    if 'dynamo' in inspect.signature(torch.onnx.export).parameters and hasattr(torch, 'export') \
+            and hasattr(torch.export, 'Dim'):
+        return None
+    return (f'ONNX export uses torch.onnx.export(dynamo=True) (torch.export and onnxscript), which '
+            f'torch {torch.__version__} does not have. It is tested with torch 2.13.0: export from '
+            'an environment set up with requirements/constraints.txt (`make setup`); the exported '
+            '.onnx file runs anywhere ONNX Runtime does.')

@@ -8,7 +8,7 @@ break inside the ranges, and checked here: numpy 2 beside a torch compiled again
 from importlib import metadata
 from typing import Dict, List, Optional, Tuple
 
-from .version import LIMITS, SUPPORTED, TESTED
+from .version import FLOORS, LIMITS, SUPPORTED, TESTED
 
 __all__ = ['check_versions', 'version_problems', 'numpy_problem', 'tested_versions']
 
@@ -47,7 +47,8 @@ def version_problems(installed: Optional[Dict[str, Optional[str]]] = None) -> Li
         if v is None:
             problems.append(f'{pkg} is not installed ({need})')
         elif not _parse(lo) <= _parse(v) < _parse(hi):
-            why = f': {LIMITS[pkg]}' if pkg in LIMITS and _parse(v) >= _parse(hi) else ''
+            reasons = LIMITS if _parse(v) >= _parse(hi) else FLOORS
+            why = f': {reasons[pkg]}' if pkg in reasons else ''
             problems.append(f'{pkg} {v} is not supported ({need}){why}')
     return problems
 

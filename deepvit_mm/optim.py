@@ -65,8 +65,10 @@ def no_weight_decay_names(model: nn.Module) -> Set[str]:
         declared = getattr(mod, 'no_weight_decay', None)
         if callable(declared):
             patterns = set(declared())
+            # a declared module name covers its parameters: timm before 1.0.31 declares XCiT's
+            # 'pos_embed', later releases 'pos_embed.*'
             names.update(prefix + n for n, _ in mod.named_parameters()
-                         if any(fnmatch.fnmatchcase(n, p) for p in patterns))
+                         if any(fnmatch.fnmatchcase(n, p) or n.startswith(p + '.') for p in patterns))
     names.update(n for n, p in model.named_parameters() if p.ndim <= 1 or n.endswith('.bias'))
     return names
 

@@ -7,7 +7,7 @@ __version__ = '0.1.0'
 TESTED = {
     'torch2.1': dict(constraints='requirements/constraints-torch2.1.txt', torch='2.1.2',
                      torchvision='0.16.2', numpy='1.26.4', mmcv='2.1.0', mmengine='0.10.3',
-                     mmdet='3.3.0', mmsegmentation='1.2.2', timm='1.0.9'),
+                     mmdet='3.3.0', mmsegmentation='1.2.2', timm='1.0.16'),
     'newest': dict(constraints='requirements/constraints.txt', torch='2.13.0', torchvision='0.28.0',
                    numpy='2.4.6', mmcv='2.1.0', mmengine='0.10.7', mmdet='3.3.0',
                    mmsegmentation='1.2.2', timm='1.0.31'),
@@ -24,7 +24,7 @@ SUPPORTED = {
     'mmengine': ('0.10.3', '0.11.0'),
     'mmdet': ('3.3.0', '3.4.0'),
     'mmsegmentation': ('1.2.2', '1.3.0'),
-    'timm': ('1.0.9', '1.1.0'),
+    'timm': ('1.0.16', '1.1.0'),
 }
 
 # Why the range ends where it does, where more than "not tested" is known (measured 2026-11-25).
@@ -34,4 +34,9 @@ LIMITS = {
              '-std=c++17, which CXXFLAGS cannot override; OpenMMLab publishes no mmcv 2.1.0 wheel '
              'for it',
     'mmcv': 'mmdet 3.3.0 and mmsegmentation 1.2.2 refuse mmcv >= 2.2.0 at import',
+}
+# Why the range starts where it does, where more than "not tested" is known.
+FLOORS = {
+    'timm': 'timm before 1.0.16 ignores gradient checkpointing in XCiT\'s and CaiT\'s '
+            'forward_intermediates, so with_cp=True would silently keep every activation',
 }

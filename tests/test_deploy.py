@@ -31,6 +31,7 @@ from deepvit_mm.deploy import (
     run_onnx,
     wrap_for_export,
 )
+from deepvit_mm.torch_compat import TORCH_VERSION, onnx_dynamo_export_problem
 
 # tools/setup_env.sh installs .[tests,deploy]: a missing package is an error here, not a skip
 for _module in ('onnx', 'onnxruntime', 'onnxscript'):
@@ -42,6 +43,9 @@ SEG_CFG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_de
 DET_CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 CAIT_CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_cait_xxs24_shapes.py')
 SHALLOW = {'model.backbone.out_indices': (0, 1, 2, 3)}
+EXPORT_PROBLEM = onnx_dynamo_export_problem()
+# torch 2.1 has no torch.onnx.export(dynamo=True): there the export is refused (tested below)
+exports = pytest.mark.skipif(EXPORT_PROBLEM is not None, reason=str(EXPORT_PROBLEM))
 SIZES = ((128, 192), (224, 160))  # traced at the first; both multiples of 32, not square
 TOL = 1e-4
 
@@ -66,6 +70,24 @@ def _save(model: nn.Module, path) -> str:
     return str(path)
 
 
+def test_export_runs_on_the_newest_stack_and_is_refused_at_once_elsewhere(tmp_path):
+    """torch 2.13 exports (the tests above run); torch 2.1 has no dynamo exporter: the tool stops
+    before building the model, with what to do, and the API raises the same."""
+    if TORCH_VERSION >= (2, 13):
+        assert EXPORT_PROBLEM is None
+    if EXPORT_PROBLEM is None:
+        return
+    assert re.search(r'torch\.onnx\.export\(dynamo=True\).*tested with torch 2\.13\.0.*'
+                     r'requirements/constraints\.txt', EXPORT_PROBLEM)
+    res = subprocess.run([sys.executable, EXPORT_TOOL, SEG_CFG, 'none', '--out',
+                          str(tmp_path / 'x.onnx')], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 1 and EXPORT_PROBLEM in res.stderr, res.stderr[-2000:]
+    assert not os.path.exists(tmp_path / 'x.onnx')
+    with pytest.raises(RuntimeError, match='dynamo=True'):
+        export_onnx(None, str(tmp_path / 'y.onnx'), (64, 64))
+
+
 def _export_with_tool(cfg, checkpoint, out, *args) -> str:
     """``tools/deploy/export_onnx.py`` in a fresh process (its own verification skipped: the
     tests compare)."""
@@ -78,6 +100,7 @@ def _export_with_tool(cfg, checkpoint, out, *args) -> str:
     return str(out)
 
 
+@exports
 @pytest.mark.parametrize('cfg, options, sizes', [
     (SEG_CFG, SHALLOW, SIZES),
     (CAIT_CFG, SHALLOW, SIZES),
@@ -100,6 +123,7 @@ def test_backbone_dynamic_export_matches_pytorch_at_two_sizes(tmp_path, cfg, opt
         assert max_rel_err(ref, out) < TOL, (h, w)
 
 
+@exports
 def test_windowed_cait_dynamic_range_starts_above_one_window(tmp_path):
     """A grid that fits in one window is attended globally (unpadded), a computation the
     windowed graph cannot switch to: a --dynamic windowed CaiT starts at 256 px (14-patch
@@ -113,6 +137,7 @@ def test_windowed_cait_dynamic_range_starts_above_one_window(tmp_path):
         export_onnx(wrapper, str(tmp_path / 'x.onnx'), (224, 256), dynamic=True)
 
 
+@exports
 def test_backbone_auto_choices_are_fixed_while_exporting():
     """'auto' decides per input in eager mode; while exporting it is a fixed path, so a graph
     traced at one size computes the same at another (what the tests above rely on)."""
@@ -133,6 +158,7 @@ def test_backbone_auto_choices_are_fixed_while_exporting():
     assert seen == dict(fast=xcit_fast.EXPORT_FAST_PATH, chunk=None, query_chunk=None)
 
 
+@exports
 def test_segmentor_export_tool_matches_pytorch_at_two_sizes(tmp_path):
     """The tool end to end: a checkpoint through the safe loader, one ``--dynamic`` file,
     ``seg_logits`` at both sizes within 1e-4 of the segmentor's ``encode_decode``."""
@@ -152,6 +178,7 @@ def test_segmentor_export_tool_matches_pytorch_at_two_sizes(tmp_path):
         assert max_rel_err([ref], [out]) < TOL, (h, w)
 
 
+@exports
 def test_fixed_size_export_refuses_other_sizes_and_dynamic_needs_multiples_of_32(tmp_path):
     model, task = load_model(SEG_CFG, None, SHALLOW, backbone_only=True)
     wrapper = wrap_for_export(model, task, backbone_only=True)
@@ -197,6 +224,7 @@ def _preprocess(model, img: np.ndarray):
     return data['inputs'], data['data_samples']
 
 
+@exports
 def test_detector_export_tool_matches_mmdet_boxes_on_held_out_images(tmp_path):
     """Boxes scoring above 0.3 in mmdet's own ``predict`` (mmcv's RoIAlign and NMS) are found by
     the exported file with the same label and IoU > 0.95, one to one, on the held-out demo

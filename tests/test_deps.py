@@ -26,7 +26,7 @@ def test_range_ends_at_the_tested_versions():
     """The lower bound is the oldest tested release; the upper admits only patch releases of the
     newest tested minor."""
     for pkg, (lo, hi) in SUPPORTED.items():
-        tested = sorted((tuple(int(x) for x in s[pkg].split('.')) for s in TESTED.values()))
+        tested = sorted(tuple(int(x) for x in s[pkg].split('.')) for s in TESTED.values())
         assert tuple(int(x) for x in lo.split('.')) == tested[0], pkg
         newest = tested[-1]
         assert tuple(int(x) for x in hi.split('.')) == (newest[0], newest[1] + 1, 0), pkg
@@ -50,7 +50,8 @@ def test_constraints_files_pin_the_tested_stacks():
     ('torch', '2.0.1', 'torch 2.0.1 is not supported (need >=2.1.2,<2.14.0; tested: 2.1.2 and 2.13.0)'),
     ('mmengine', '0.10.2', 'mmengine 0.10.2 is not supported (need >=0.10.3,<0.11.0; tested: 0.10.3 '
                            'and 0.10.7)'),
-    ('timm', '1.0.8', 'timm 1.0.8 is not supported (need >=1.0.9,<1.1.0; tested: 1.0.9 and 1.0.31)'),
+    ('timm', '1.0.15', 'timm 1.0.15 is not supported (need >=1.0.16,<1.1.0; tested: 1.0.16 and '
+                       '1.0.31): timm before 1.0.16 ignores gradient checkpointing'),
     ('mmdet', '2.28.2', 'mmdet 2.28.2 is not supported'),
     ('mmsegmentation', '0.30.0', 'mmsegmentation 0.30.0 is not supported'),
     ('timm', None, 'timm is not installed'),

@@ -84,7 +84,7 @@ if ! mmcv_ok; then
   fi
   TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)')
   CACHE="${DEEPVIT_MM_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/deepvit_mm/wheels}/torch-$TORCH_VER"
-  MMCV=(--no-build-isolation --no-cache-dir --no-deps -c "$CONSTRAINTS" "mmcv==2.1.0")
+  MMCV=(--no-build-isolation --no-cache-dir -c "$CONSTRAINTS" "mmcv==2.1.0")
   if PIP_FIND_LINKS="$CACHE ${PIP_FIND_LINKS:-}" "${PIP[@]}" -q --only-binary mmcv "${MMCV[@]}" \
       2>/dev/null && mmcv_ok; then
     echo "[setup] mmcv 2.1.0 installed from a wheel (PIP_FIND_LINKS or $CACHE)"
@@ -94,7 +94,7 @@ if ! mmcv_ok; then
     mkdir -p "$CACHE"
     rm -f "$CACHE"/mmcv-*.whl
     MMCV_WITH_OPS=1 FORCE_CUDA="${FORCE_CUDA:-0}" MAX_JOBS="${MAX_JOBS:-2}" PIP_FIND_LINKS= \
-      "$PY" -m pip wheel --disable-pip-version-check -w "$CACHE" "${MMCV[@]}"
+      "$PY" -m pip wheel --disable-pip-version-check --no-deps -w "$CACHE" "${MMCV[@]}"
     PIP_FIND_LINKS="$CACHE" "${PIP[@]}" --only-binary mmcv "${MMCV[@]}"
     mmcv_ok || { echo "[setup] mmcv 2.1.0 was built but 'import mmcv.ops' fails" >&2; exit 1; }
   fi

@@ -1,16 +1,16 @@
 __version__ = '0.1.0'
 
 # The two stacks CI installs and runs the whole test suite on (`.ci/run`: `make test` and
-# `make test STACK=torch2.1`), each pinned in full by its constraints file.
+# `make test STACK=torch2.1`), each pinned in full by its two files: torch, and the rest.
 # torch2.1: the newest torch OpenMMLab publishes mmcv 2.1.0 wheels for, so the stack most mmdet 3 /
 # mmseg 1 users have; with the oldest mmengine and timm accepted. newest: today's releases.
 TESTED = {
-    'torch2.1': dict(constraints='requirements/constraints-torch2.1.txt', torch='2.1.2',
-                     torchvision='0.16.2', numpy='1.26.4', mmcv='2.1.0', mmengine='0.10.3',
-                     mmdet='3.3.0', mmsegmentation='1.2.2', timm='1.0.16'),
-    'newest': dict(constraints='requirements/constraints.txt', torch='2.13.0', torchvision='0.28.0',
-                   numpy='2.4.6', mmcv='2.1.0', mmengine='0.10.7', mmdet='3.3.0',
-                   mmsegmentation='1.2.2', timm='1.0.31'),
+    'torch2.1': dict(files=('requirements/torch2.1.txt', 'requirements/constraints-torch2.1.txt'),
+                     torch='2.1.2', torchvision='0.16.2', numpy='1.26.4', mmcv='2.1.0',
+                     mmengine='0.10.3', mmdet='3.3.0', mmsegmentation='1.2.2', timm='1.0.16'),
+    'newest': dict(files=('requirements/torch.txt', 'requirements/constraints.txt'),
+                   torch='2.13.0', torchvision='0.28.0', numpy='2.4.6', mmcv='2.1.0',
+                   mmengine='0.10.7', mmdet='3.3.0', mmsegmentation='1.2.2', timm='1.0.31'),
 }
 
 # What `import deepvit_mm` accepts: from the oldest tested release up to and including the patch

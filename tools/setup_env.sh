@@ -2,11 +2,11 @@
 # Create (or use) the Python environment of one tested stack and install whatever is missing.
 # Idempotent: a second run checks and returns in seconds. Used by `make demo` and `make test`.
 #
-#   STACK=newest (default)   torch 2.13.0 + torchvision 0.28.0, pinned by requirements/constraints.txt,
-#                            in .venv
-#   STACK=torch2.1           torch 2.1.2 + torchvision 0.16.2 + numpy < 2 (the newest torch OpenMMLab
-#                            publishes mmcv 2.1.0 wheels for), pinned by
-#                            requirements/constraints-torch2.1.txt, in .venv-torch2.1
+#   STACK=newest (default)   torch 2.13.0 + torchvision 0.28.0 (requirements/torch.txt), the rest
+#                            pinned by requirements/constraints.txt, in .venv
+#   STACK=torch2.1           torch 2.1.2 + torchvision 0.16.2 (requirements/torch2.1.txt, the newest
+#                            torch OpenMMLab publishes mmcv 2.1.0 wheels for) + numpy < 2, the rest
+#                            pinned by requirements/constraints-torch2.1.txt, in .venv-torch2.1
 #
 #   - the active virtualenv instead, if one is active; there a supported torch that imports is kept,
 #     with the constraints of the stack of its minor version (torch 2.1.x: torch2.1)
@@ -22,8 +22,9 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 STACK=${STACK:-newest}
 case "$STACK" in
-  newest)   CONSTRAINTS="$ROOT/requirements/constraints.txt"; VENV=.venv ;;
-  torch2.1) CONSTRAINTS="$ROOT/requirements/constraints-torch2.1.txt"; VENV=.venv-torch2.1 ;;
+  newest)   CONSTRAINTS="$ROOT/requirements/constraints.txt"; TORCH="$ROOT/requirements/torch.txt"; VENV=.venv ;;
+  torch2.1) CONSTRAINTS="$ROOT/requirements/constraints-torch2.1.txt"; TORCH="$ROOT/requirements/torch2.1.txt"
+            VENV=.venv-torch2.1 ;;
   *) echo "[setup] unknown STACK=$STACK: use newest or torch2.1" >&2; exit 2 ;;
 esac
 
@@ -41,13 +42,13 @@ fi
 PIP=("$PY" -m pip install --disable-pip-version-check)
 
 # Fast path: everything importable at the pinned/supported versions and the install is current.
-WANT=$(cat "$ROOT"/requirements/constraints*.txt setup.py deepvit_mm/version.py | sha256sum | cut -c1-16)
+WANT=$(cat "$ROOT"/requirements/*.txt setup.py deepvit_mm/version.py | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import deepvit_mm, mmcv.ops" 2>/dev/null; then
   exit 0
 fi
 
 t0=$(date +%s)
-pin() { grep -E "^$1[=<>!~]" "$CONSTRAINTS" | head -1; }
+pin() { grep -h -E "^$1[=<>!~]" "$CONSTRAINTS" "$TORCH" | head -1; }
 "${PIP[@]}" -q "$(pin setuptools)" "$(pin wheel)"
 
 # torch: keep a supported one that works (torchvision's compiled ops included), else install the
@@ -65,14 +66,11 @@ then
   TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)')
   echo "[setup] keeping torch $TORCH_VER"
   case "$TORCH_VER" in 2.1.*) CONSTRAINTS="$ROOT/requirements/constraints-torch2.1.txt" ;; esac
-  grep -v -E '^(torch|torchvision)[=<>!~]' "$CONSTRAINTS" > "$ROOT/.venv-constraints.txt" || true
-  CONSTRAINTS="$ROOT/.venv-constraints.txt"
 else
   echo "[setup] installing $(pin torch) $(pin torchvision) ($STACK)"
   # numpy and opencv with them: mmcv's unbounded opencv-python would otherwise pull numpy 2,
   # which torch 2.1 cannot use
-  "${PIP[@]}" -c "$CONSTRAINTS" "$(pin torch)" "$(pin torchvision)" "$(pin numpy)" \
-    "$(pin opencv-python)"
+  "${PIP[@]}" -c "$CONSTRAINTS" -r "$TORCH" "$(pin numpy)" "$(pin opencv-python)"
 fi
 
 # mmcv with compiled ops, against the torch now installed (hence no build isolation).

@@ -175,6 +175,8 @@ class ColumnarLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
         groups: Dict[tuple, dict] = OrderedDict()
         for group in per_param:
             (param,) = group.pop('params')
+            if not param.requires_grad:  # mmengine 0.10.7 leaves them out, 0.10.3 does not
+                continue
             name = names[id(param)]
             layer = ids[name]
             scale = self.decay_rate ** (num_blocks + 1 - layer)

@@ -18,8 +18,8 @@ whichever of the two tested paths its API supports.
   Neither runs code from the file.
 * ``profiler_event_start_ns``: kineto events have ``start_ns`` from 2.2 on, ``start_us`` before.
 * ``flop_counter``: ``FlopCounterMode`` attributes counts to the modules it sees run where it has
-  ``ModuleTracker`` (newer torch; passing the module only warns there); torch 2.1 only to the
-  modules it is given.
+  ``ModuleTracker`` (newer torch); torch 2.1 only to modules it is given, through hooks that break
+  tuple inputs, so plain forward hooks do it there.
 * ``onnx_dynamo_export_problem``: ``torch.onnx.export(dynamo=True)``, which ONNX export needs.
 """
 import _compat_pickle
@@ -179,11 +179,35 @@ def profiler_event_start_ns(event: Any) -> int:
 
 def flop_counter(root: torch.nn.Module) -> Any:
     """A ``torch.utils.flop_counter.FlopCounterMode`` (no display) that keys counts by module
-    path under ``root``'s class name (``XCiT.trunk.blocks.0``)."""
+    path under ``root``'s class name (``XCiT.trunk.blocks.0``), for a forward without autograd.
+
+    torch 2.1's own module tracking (``mods=``) wraps each module's inputs in an autograd function
+    that flattens them, which breaks modules taking a tuple of maps (mmdet's FPN): there plain
+    forward hooks push and pop the counter's module stack instead.
+    """
     from torch.utils import flop_counter as fc
     if hasattr(fc, 'ModuleTracker'):
         return fc.FlopCounterMode(display=False)
-    return fc.FlopCounterMode(root, display=False)
+
+    class HookedFlopCounter(fc.FlopCounterMode):
+        def __enter__(self):
+            self._handles = []
+            base = type(root).__name__
+            for name, module in root.named_modules():
+                path = f'{base}.{name}' if name else base
+                self._handles += [
+                    module.register_forward_pre_hook(lambda m, a, p=path: self.parents.append(p)),
+                    module.register_forward_hook(lambda m, a, o, p=path: self._leave(p))]
+            return super().__enter__()
+
+        def _leave(self, path: str) -> None:
+            del self.parents[len(self.parents) - 1 - self.parents[::-1].index(path)]
+
+        def __exit__(self, *args):
+            for handle in self._handles:
+                handle.remove()
+            return super().__exit__(*args)
+    return HookedFlopCounter(display=False)
 
 
 def onnx_dynamo_export_problem() -> Optional[str]:

@@ -8,7 +8,8 @@
 * tiny data: ``seg_inputs`` (a segmentation batch), ``finite_loss_and_grads`` (one training step
   of a built model), the ``shapes`` COCO-format demo dataset, ``official_xcit_state_dict``;
 * ``randomize_`` (non-trivial BatchNorm statistics and LayerScale, so that comparisons see them);
-* ``server``: a local HTTP server for URL checkpoints.
+* ``server``: a local HTTP server for URL checkpoints; ``logged``: what went to mmengine's
+  ``print_log``.
 
 Test files import the helpers (``from conftest import build_model``), as pytest puts ``tests/`` on
 ``sys.path``; fixtures need no import.
@@ -51,6 +52,23 @@ def _restore_default_scope(monkeypatch):
     instance table, as ``DefaultScope.overwrite_default_scope`` does)."""
     from mmengine.registry import DefaultScope
     monkeypatch.setattr(DefaultScope, '_instance_dict', copy.copy(DefaultScope._instance_dict))
+
+
+@pytest.fixture
+def logged(monkeypatch):
+    """Messages given to mmengine's ``print_log`` (WARNING and above marked with their level)."""
+    import logging
+
+    import mmengine.logging
+    import mmengine.runner.checkpoint
+    messages, original = [], mmengine.logging.print_log
+
+    def spy(msg, logger=None, level=logging.INFO):
+        messages.append(str(msg) + (f' (level {level})' if level >= logging.WARNING else ''))
+        return original(msg, logger=logger, level=level)
+    monkeypatch.setattr(mmengine.logging, 'print_log', spy)
+    monkeypatch.setattr(mmengine.runner.checkpoint, 'print_log', spy)
+    return messages
 
 
 # ------------------------------------------------------------------------------ model builders

@@ -2,6 +2,7 @@
 checkpoint write included), broken last checkpoints skipped, deterministic losses."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -122,6 +123,31 @@ def test_non_finite_loss_stops_training(shapes, tmp_path):
         in out.stderr, out.stderr[-3000:]
     assert 'loss_bbox=nan' in out.stderr and 'No checkpoint was saved before it' in out.stderr
     assert not [n for n in os.listdir(tmp_path / 'wd') if n.endswith('.pth')]
+
+
+def test_disk_full_during_a_checkpoint_write_stops_with_one_message(shapes, tmp_path):
+    """A real run resumed under a file-size limit below a checkpoint's size (RLIMIT_FSIZE: the
+    write fails with EFBIG, as on a full disk or quota): one message, the previous checkpoint kept
+    and named, no temporary file left."""
+    import resource
+    wd = tmp_path / 'wd'
+    _run(_train_cmd(shapes, wd, 2, 2))
+    size = os.path.getsize(wd / 'iter_2.pth')
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
+    out = subprocess.run(_train_cmd(shapes, wd, 4, 2, '--resume'), cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=600, preexec_fn=limit)
+    assert out.returncode == 1, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r'training stopped: could not write the checkpoint \S+/iter_4\.pth \(EFBIG: File too '
+        r'large\)\. The previous complete checkpoint, \S+/iter_2\.pth, is kept\. No partial file '
+        r'was left\. Free space .*, then continue with tools/train\.py CONFIG --resume\.', last), last
+    assert 'Traceback' not in out.stderr
+    assert sorted(n for n in os.listdir(wd) if 'iter_' in n) == ['iter_2.pth']
+    assert (wd / 'last_checkpoint').read_text().strip().endswith('iter_2.pth')
+    assert find_resumable_checkpoint(str(wd)).endswith('iter_2.pth')
 
 
 def test_resume_skips_an_incomplete_last_checkpoint(tmp_path):

@@ -26,21 +26,6 @@ SEG_CFG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_de
 EVIL = "import os\nos.system('touch PWNED')\nmodel = dict()\n"
 
 
-@pytest.fixture
-def logged(monkeypatch):
-    """Messages given to mmengine's ``print_log`` (WARNING and above marked with their level)."""
-    import mmengine.logging
-    import mmengine.runner.checkpoint
-    messages, original = [], mmengine.logging.print_log
-
-    def spy(msg, logger=None, level=logging.INFO):
-        messages.append(str(msg) + (f' (level {level})' if level >= logging.WARNING else ''))
-        return original(msg, logger=logger, level=level)
-    monkeypatch.setattr(mmengine.logging, 'print_log', spy)
-    monkeypatch.setattr(mmengine.runner.checkpoint, 'print_log', spy)
-    return messages
-
-
 def _cfg(path, **backbone):
     cfg = Config.fromfile(path)
     cfg.model.backbone.pop('out_indices', None)  # the arch's own taps: all its blocks
@@ -302,7 +287,7 @@ def test_url_checkpoints_download_once_then_load(det, tmp_path, server, monkeypa
     local = resolve_checkpoint(f'{url}/det.pth')
     assert local == str(tmp_path / 'hub' / 'checkpoints' / 'det.pth')
     assert hits == ['/det.pth']  # downloaded once
-    assert [n for n in os.listdir(tmp_path / 'hub' / 'checkpoints')] == ['det.pth']  # no temp
+    assert sorted(os.listdir(tmp_path / 'hub' / 'checkpoints')) == ['det.pth', 'det.pth.sha256']  # no temp
     with pytest.raises(CheckpointError, match='cannot download'):
         resolve_checkpoint(f'{url}/missing.pth')
 

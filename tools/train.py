@@ -11,6 +11,7 @@ from mmengine.runner import Runner  # noqa: E402
 
 from deepvit_mm.runtime import (  # noqa: E402
     VIS_BACKENDS,
+    CheckpointWriteError,
     keep_freed_cpu_memory,
     prepare_config,
     set_vis_backends,
@@ -51,7 +52,12 @@ def main():
     set_vis_backends(cfg, args.vis_backend)
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
-    runner.train()
+    try:
+        runner.train()
+    except CheckpointWriteError as e:  # one message, in the log too; no traceback
+        from mmengine.logging import print_log
+        print_log(str(e), logger='current', level=40)
+        sys.exit(str(e))
 
 
 if __name__ == '__main__':

@@ -280,8 +280,8 @@ class CaiT(ColumnarBackbone):
                   level=logging.WARNING)
         return out
 
-    def _resize_tensor(self, key: str, value: torch.Tensor,
-                       target: torch.Tensor) -> Optional[torch.Tensor]:
+    def resize_weight(self, key: str, value: torch.Tensor,
+                      target: torch.Tensor) -> Optional[torch.Tensor]:
         # our loader (init_cfg): reported in the load report's `resized` line
         return self._pos_embed_from_checkpoint(value) if key == 'trunk.pos_embed' else None
 

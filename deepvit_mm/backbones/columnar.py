@@ -470,19 +470,23 @@ class ColumnarBackbone(BaseModule):
         trunk = self.convert_trunk_keys(rest)
         return {**{f'trunk.{k}': v for k, v in trunk.items()}, **adapter}
 
-    def _drop_patterns(self) -> List[str]:
+    def dropped_key_patterns(self) -> List[str]:
+        """Regexes of converted checkpoint keys dropped on purpose: the classifier and the blocks
+        after the last tap (``checkpoints.WeightsTarget``)."""
         pats = [r'^trunk\.(' + '|'.join(self.classifier_parts) + r')(\.|$)']
         if self._kept_blocks < self.depth:
             pruned = '|'.join(str(i) for i in range(self._kept_blocks, self.depth))
             pats.append(rf'^trunk\.blocks\.({pruned})\.')
         return pats
 
-    def _init_ok_patterns(self) -> List[str]:
+    def init_ok_key_patterns(self) -> List[str]:
         """Module keys that may stay at init when the checkpoint lacks them."""
         return [r'^adapter\.']
 
-    def _resize_tensor(self, key: str, value: torch.Tensor,
-                       target: torch.Tensor) -> Optional[torch.Tensor]:
+    def resize_weight(self, key: str, value: torch.Tensor,
+                      target: torch.Tensor) -> Optional[torch.Tensor]:
+        """``value`` resized to ``target``'s shape, or None when it cannot be (the family decides:
+        CaiT resamples its position embedding)."""
         return None
 
     def describe_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> str:

@@ -114,14 +114,14 @@ class XCiT(ColumnarBackbone):
             mods.append(self.trunk.qkv_codes)
         return mods
 
-    def _drop_patterns(self) -> List[str]:
-        pats = super()._drop_patterns()
+    def dropped_key_patterns(self) -> List[str]:
+        pats = super().dropped_key_patterns()
         if self.qkv_cfg['type'] != 'Linear':  # a linear checkpoint's qkv has no place here
             pats.append(r'^trunk\.blocks\.\d+\.attn\.qkv\.(weight|bias)$')
         return pats
 
-    def _init_ok_patterns(self) -> List[str]:
-        pats = super()._init_ok_patterns()
+    def init_ok_key_patterns(self) -> List[str]:
+        pats = super().init_ok_key_patterns()
         if self.qkv_cfg['type'] != 'Linear':  # non-linear Q/K/V (and codes) may start at init
             pats += [r'^trunk\.blocks\.\d+\.attn\.qkv\.', r'^trunk\.qkv_codes\.']
         return pats

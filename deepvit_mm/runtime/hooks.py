@@ -21,7 +21,7 @@ from mmengine.hooks import CheckpointHook, Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
-__all__ = ['CrashSafeCheckpointHook', 'FiniteLossHook', 'RNGStateHook']
+__all__ = ['CrashSafeCheckpointHook', 'CheckpointWriteError', 'FiniteLossHook', 'RNGStateHook']
 
 _TMP = '.tmp'
 
@@ -48,6 +48,31 @@ def _write_text_atomically(path: str, text: str) -> None:
     _commit(tmp, path)
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, quota, permissions): training stops; the
+    message names the file, the reason, and the previous complete checkpoint, which is kept."""
+
+
+def _previous_checkpoint(work_dir: str) -> Optional[str]:
+    try:
+        with open(osp.join(work_dir, 'last_checkpoint')) as f:
+            named = f.read().strip()
+        return named if named and osp.isfile(named) else None
+    except OSError:
+        return None
+
+
+def _write_failed(path: str, error: OSError, previous: Optional[str]) -> CheckpointWriteError:
+    import errno
+    code = errno.errorcode.get(error.errno, str(error.errno)) if error.errno else type(error).__name__
+    kept = (f'The previous complete checkpoint, {previous}, is kept.' if previous else
+            'No checkpoint of this run was complete yet.')
+    return CheckpointWriteError(
+        f'training stopped: could not write the checkpoint {path} ({code}: '
+        f'{error.strerror or error}). {kept} No partial file was left. Free space (or raise the '
+        'quota, or make the folder writable), then continue with tools/train.py CONFIG --resume.')
+
+
 @HOOKS.register_module()
 class CrashSafeCheckpointHook(CheckpointHook):
     """mmengine's ``CheckpointHook`` (same arguments) whose files survive a kill at any moment.
@@ -59,7 +84,10 @@ class CrashSafeCheckpointHook(CheckpointHook):
       absent under its own name; ``last_checkpoint`` is rewritten the same way;
     * the checkpoint beyond ``max_keep_ckpts`` is deleted only after the new one is complete;
     * ``.tmp`` files a killed save left in the checkpoint folder are removed when training
-      (re)starts.
+      (re)starts;
+    * a save that fails (disk full, quota, permissions) removes its ``.tmp`` and stops training with
+      ``CheckpointWriteError``, which names the file, the reason (errno) and the previous
+      complete checkpoint, kept.
 
     Local folders only; other storage backends get mmengine's behaviour.
     """
@@ -89,14 +117,21 @@ class CrashSafeCheckpointHook(CheckpointHook):
         name = self.filename_tmpl.format(step)
         self.last_ckpt = self.file_backend.join_path(self.out_dir, name)
         runner.message_hub.update_info('last_ckpt', self.last_ckpt)
-        runner.save_checkpoint(
-            self.out_dir, name + _TMP, self.file_client_args, save_optimizer=self.save_optimizer,
-            save_param_scheduler=self.save_param_scheduler, meta=meta, by_epoch=self.by_epoch,
-            backend_args=self.backend_args, **self.args)
-        if not is_main_process():
-            return
-        _commit(self.last_ckpt + _TMP, self.last_ckpt)
-        _write_text_atomically(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
+        previous = _previous_checkpoint(runner.work_dir)
+        try:
+            runner.save_checkpoint(
+                self.out_dir, name + _TMP, self.file_client_args,
+                save_optimizer=self.save_optimizer, save_param_scheduler=self.save_param_scheduler,
+                meta=meta, by_epoch=self.by_epoch, backend_args=self.backend_args, **self.args)
+            if not is_main_process():
+                return
+            _commit(self.last_ckpt + _TMP, self.last_ckpt)
+            _write_text_atomically(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
+        except OSError as e:
+            for leftover in (self.last_ckpt + _TMP, osp.join(runner.work_dir, 'last_checkpoint' + _TMP)):
+                if osp.exists(leftover):
+                    os.remove(leftover)
+            raise _write_failed(self.last_ckpt, e, previous) from e
         if stale is not None:
             old = self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(stale))
             if self.file_backend.isfile(old):

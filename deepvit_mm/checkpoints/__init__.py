@@ -1,0 +1,41 @@
+"""Every way weights enter a model: fetching, safe and verified reading, one matcher, one report.
+
+One module per job, each depending only on those above it:
+
+=====================  ============================================================================
+``errors``             ``CheckpointError``, raised by every path for a file it will not load
+``trust``              files the user trusts explicitly (``DEEPVIT_MM_TRUSTED_CHECKPOINTS``)
+``integrity``          zip CRC-32 and safetensors structure checks, SHA-256
+``fetch``              local paths, ``http(s)://`` URLs (verified, cached), ``hf-hub:`` names
+``stored_config``      config text mmengine stores in checkpoints and would evaluate
+``reading``            ``read_checkpoint``: verified, then unpickled with an allowlist only
+``matching``           ``load_weights``: one matcher for every loading path, one report
+``mmengine_hooks``     mmengine's reader and ``load_state_dict`` routed here; ``--resume`` lookup
+=====================  ============================================================================
+
+Nothing here imports the backbones: a module that takes its weights through the matcher implements
+``matching.WeightsTarget`` (deepvit_mm's XCiT and CaiT do). What is and is not verified for each
+format, and the costs, are in docs/weights.md.
+"""
+from .errors import CheckpointError
+from .fetch import HUB_PREFIX, resolve_checkpoint
+from .matching import (
+    LoadReport,
+    WeightsTarget,
+    extract_state_dict,
+    load_weights,
+    require_complete_model,
+    weights_targets,
+)
+from .mmengine_hooks import find_resumable_checkpoint, install_mmengine_loader
+from .reading import is_readable_checkpoint, read_checkpoint, safe_globals
+from .stored_config import config_text_problem
+from .trust import TRUST_ENV, trusted_checkpoints
+
+__all__ = [
+    'CheckpointError', 'LoadReport', 'WeightsTarget', 'safe_globals', 'TRUST_ENV',
+    'trusted_checkpoints', 'HUB_PREFIX', 'resolve_checkpoint', 'read_checkpoint',
+    'extract_state_dict', 'load_weights', 'weights_targets', 'install_mmengine_loader',
+    'find_resumable_checkpoint', 'is_readable_checkpoint', 'require_complete_model',
+    'config_text_problem'
+]

@@ -1,0 +1,43 @@
+"""Files the user trusts explicitly: read as plain PyTorch would, stored config text kept.
+
+A pickle can run any code, so this is opt-in per file: the environment variable
+``DEEPVIT_MM_TRUSTED_CHECKPOINTS`` (paths separated by ``os.pathsep``, for the command-line tools)
+or ``with trusted_checkpoints(path):`` (Python).
+"""
+import contextlib
+import os
+from typing import Iterator, List
+
+__all__ = ['TRUST_ENV', 'trusted_checkpoints', 'is_trusted', 'trust_hint']
+
+TRUST_ENV = 'DEEPVIT_MM_TRUSTED_CHECKPOINTS'
+_TRUSTED: List[str] = []
+
+
+def _canonical(path: str) -> str:
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def is_trusted(path: str) -> bool:
+    """Whether ``path`` is named in ``DEEPVIT_MM_TRUSTED_CHECKPOINTS`` or ``trusted_checkpoints``."""
+    listed = [p for p in os.environ.get(TRUST_ENV, '').split(os.pathsep) if p] + _TRUSTED
+    return _canonical(path) in {_canonical(p) for p in listed}
+
+
+@contextlib.contextmanager
+def trusted_checkpoints(*paths: str) -> Iterator[None]:
+    """Read these files as plain PyTorch would (``weights_only=False``, stored config text kept
+    as is) inside the ``with`` block. Only for files whose origin you trust: a pickle can run any
+    code. Command-line tools: list the files in ``DEEPVIT_MM_TRUSTED_CHECKPOINTS`` instead."""
+    _TRUSTED.extend(paths)
+    try:
+        yield
+    finally:
+        for p in paths:
+            _TRUSTED.remove(p)
+
+
+def trust_hint(path: str) -> str:
+    """The sentence every refusal that trust would lift ends with."""
+    return (f'If you trust this file, allow it explicitly: {TRUST_ENV}={path} (command line) or '
+            '`with deepvit_mm.checkpoints.trusted_checkpoints(path):` (Python).')

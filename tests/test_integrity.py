@@ -1,0 +1,270 @@
+"""Weights in transit and at rest: no poisoned cache, no silent corruption (deepvit_mm.checkpoints
+fetch and integrity). "Remote" files come from a loopback server; the hub from a cache laid out as
+huggingface_hub lays it out, offline."""
+import hashlib
+import http.server
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import zipfile
+
+import pytest
+import torch
+
+from deepvit_mm import XCiT
+from deepvit_mm.checkpoints import CheckpointError, read_checkpoint, resolve_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def hub_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.hub, '_hub_dir', str(tmp_path / 'hub'))  # restored after the test
+    return tmp_path / 'hub' / 'checkpoints'
+
+
+@pytest.fixture(scope='module')
+def saved(tmp_path_factory):
+    """A real backbone checkpoint (zip format, as torch.save writes it) with mmengine-like meta,
+    and its tensors."""
+    torch.manual_seed(0)
+    model = XCiT(arch='nano_12_p16', out_indices=(0, 1, 2, 3))
+    sd = model.state_dict()
+    path = tmp_path_factory.mktemp('ckpt') / 'xcit.pth'
+    torch.save({'state_dict': sd, 'meta': {'epoch': 3, 'seed': 0, 'hook_msgs': {'x': [1.5]}}},
+               str(path))
+    return str(path), sd
+
+
+@pytest.fixture
+def flaky_server(tmp_path):
+    """Serves ``tmp_path/www``; ``cut[name] = n`` makes the next GET of ``name`` announce the
+    whole length, send ``n`` bytes and close the connection."""
+    www = tmp_path / 'www'
+    www.mkdir()
+    cut, hits = {}, []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            name = self.path.lstrip('/')
+            hits.append(name)
+            if not (www / name).is_file():
+                self.send_error(404)
+                return
+            data = (www / name).read_bytes()
+            self.send_response(200)
+            self.send_header('Content-Length', str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[:cut.pop(name)] if name in cut else data)
+            self.wfile.flush()
+            self.close_connection = True
+
+        def log_message(self, *a):
+            pass
+    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield www, f'http://127.0.0.1:{httpd.server_address[1]}', cut, hits
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------------------ downloads
+def test_cut_download_leaves_nothing_and_the_next_try_loads(saved, flaky_server, hub_dir):
+    www, url, cut, hits = flaky_server
+    path, sd = saved
+    data = open(path, 'rb').read()
+    (www / 'xcit.pth').write_bytes(data)
+    cut['xcit.pth'] = len(data) // 2
+    with pytest.raises(CheckpointError, match=rf'ended after {len(data) // 2} of the {len(data)} '
+                                              r'bytes announced.*Nothing was kept; try again'):
+        read_checkpoint(f'{url}/xcit.pth')
+    assert os.listdir(hub_dir) == []  # nothing under the final name, no temporary file
+    got = read_checkpoint(f'{url}/xcit.pth')['state_dict']  # the server is healthy again
+    assert _equal(got, sd) and hits == ['xcit.pth', 'xcit.pth']
+    assert sorted(os.listdir(hub_dir)) == ['xcit.pth', 'xcit.pth.sha256']
+    record = json.loads((hub_dir / 'xcit.pth.sha256').read_text())
+    assert record == dict(url=f'{url}/xcit.pth', size=len(data),
+                          sha256=hashlib.sha256(data).hexdigest())
+    read_checkpoint(f'{url}/xcit.pth')
+    assert len(hits) == 2  # cached and checked: not downloaded again
+
+
+@pytest.mark.parametrize('how', ['half file, no record', 'bytes changed, record kept'])
+def test_poisoned_cache_is_fetched_again_once(saved, flaky_server, hub_dir, how, logged):
+    www, url, cut, hits = flaky_server
+    path, sd = saved
+    data = open(path, 'rb').read()
+    (www / 'xcit.pth').write_bytes(data)
+    hub_dir.mkdir(parents=True)
+    if how.startswith('half'):  # what torch.hub.download_url_to_file left after a cut transfer
+        (hub_dir / 'xcit.pth').write_bytes(data[:len(data) // 2])
+    else:
+        read_checkpoint(f'{url}/xcit.pth')
+        bad = bytearray(data)
+        bad[len(bad) // 2] ^= 0xFF
+        (hub_dir / 'xcit.pth').write_bytes(bytes(bad))
+        hits.clear()
+    got = read_checkpoint(f'{url}/xcit.pth')['state_dict']
+    assert _equal(got, sd) and hits == ['xcit.pth']
+    (warning,) = [m for m in logged if 'fails its check' in m]
+    assert warning.startswith(f'the cached {hub_dir / "xcit.pth"} fails its check (')
+    assert warning.endswith(f'): downloading {url}/xcit.pth again (level 30)')
+
+
+def test_sha256_in_the_file_name_is_checked(saved, flaky_server, hub_dir):
+    """torch hub's convention: ``name-<first hex digits of the SHA-256>.pth``."""
+    www, url, cut, hits = flaky_server
+    data = open(saved[0], 'rb').read()
+    good = hashlib.sha256(data).hexdigest()[:10]
+    (www / f'xcit-{good}.pth').write_bytes(data)
+    (www / 'xcit-0123456789.pth').write_bytes(data)
+    assert read_checkpoint(f'{url}/xcit-{good}.pth')['meta']['epoch'] == 3
+    with pytest.raises(CheckpointError, match=r'has SHA-256 [0-9a-f]{64}, expected 0123456789.*'
+                                              r'Nothing was kept'):
+        read_checkpoint(f'{url}/xcit-0123456789.pth')
+    assert sorted(os.listdir(hub_dir)) == [f'xcit-{good}.pth', f'xcit-{good}.pth.sha256']
+
+
+# ------------------------------------------------------------------------------ hub names
+def _hf_cache(root, repo, files):
+    """A cache as huggingface_hub lays it out: blobs named by SHA-256, a snapshot of links."""
+    folder = root / ('models--' + repo.replace('/', '--'))
+    commit = 'a' * 40
+    (folder / 'blobs').mkdir(parents=True)
+    (folder / 'refs').mkdir()
+    (folder / 'refs' / 'main').write_text(commit)
+    snap = folder / 'snapshots' / commit
+    snap.mkdir(parents=True)
+    for name, data in files.items():
+        sha = hashlib.sha256(data).hexdigest()
+        (folder / 'blobs' / sha).write_bytes(data)
+        os.symlink(f'../../blobs/{sha}', snap / name)
+    return folder
+
+
+def _offline(code, hf_home):
+    env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE='1', PYTHONWARNINGS='ignore')
+    return subprocess.run([sys.executable, '-c', 'import sys; sys.path.insert(0, sys.argv[1]); '
+                           + code, ROOT], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_hub_name_from_an_offline_cache(tmp_path):
+    import timm
+    from safetensors.torch import save_file
+    torch.manual_seed(0)
+    timm_model = timm.create_model('xcit_nano_12_p16_224')
+    save_file(timm_model.state_dict(), str(tmp_path / 'model.safetensors'))
+    data = (tmp_path / 'model.safetensors').read_bytes()
+    folder = _hf_cache(tmp_path / 'hf' / 'hub', 'timm/xcit_nano_12_p16_224.fb_in1k',
+                       {'model.safetensors': data, 'config.json': b'{}'})
+    torch.save(timm_model.state_dict(), str(tmp_path / 'want.pth'))
+    code = ('import torch, deepvit_mm; from mmdet.registry import MODELS\n'
+            'm = MODELS.build(dict(type="XCiT", arch="nano_12_p16", init_cfg=dict(type="Pretrained",'
+            ' checkpoint="hf-hub:timm/xcit_nano_12_p16_224.fb_in1k"))); m.init_weights()\n'
+            'want = torch.load(sys.argv[2])\n'
+            'print(all(torch.equal(m.state_dict()["trunk." + k], v) for k, v in want.items() '
+            'if "trunk." + k in m.state_dict()))\n')
+    code = code.replace('sys.argv[2]', repr(str(tmp_path / 'want.pth')))
+    out = _offline(code, tmp_path / 'hf')
+    assert out.returncode == 0 and out.stdout.strip().endswith('True'), out.stderr[-3000:]
+    assert 'loaded 351 tensors' in out.stdout + out.stderr or 'loaded 350 tensors' in out.stdout + out.stderr
+
+    # a blob whose bytes changed is refused, offline (no second copy to fetch)
+    blob = next((folder / 'blobs').glob('[0-9a-f]' * 64))
+    blob.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    out = _offline('import deepvit_mm; from deepvit_mm.checkpoints import read_checkpoint; '
+                   'read_checkpoint("hf-hub:timm/xcit_nano_12_p16_224.fb_in1k")', tmp_path / 'hf')
+    assert 'is corrupt: its SHA-256 is not' in out.stderr, out.stderr[-2000:]
+
+    # not cached, offline: which file to get and where
+    out = _offline('import deepvit_mm; from deepvit_mm.checkpoints import read_checkpoint; '
+                   'read_checkpoint("hf-hub:timm/xcit_tiny_12_p8_224.fb_in1k")', tmp_path / 'hf')
+    assert ("'hf-hub:timm/xcit_tiny_12_p8_224.fb_in1k' is not in the Hugging Face cache" in out.stderr
+            and 'HF_HUB_OFFLINE is set' in out.stderr
+            and 'hf download timm/xcit_tiny_12_p8_224.fb_in1k model.safetensors' in out.stderr
+            and 'https://huggingface.co/timm/xcit_tiny_12_p8_224.fb_in1k/resolve/main/'
+                'model.safetensors' in out.stderr), out.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------ at rest
+def _zip_regions(path):
+    """Byte ranges of a torch zip file: local headers, the pickle, tensor data, the central
+    directory (with the end record)."""
+    with zipfile.ZipFile(path) as z:
+        infos = z.infolist()
+        start_dir = z.start_dir
+    size = os.path.getsize(path)
+    regions = {'local headers': [], 'pickle': [], 'tensor data': []}
+    with open(path, 'rb') as f:
+        for i in infos:
+            f.seek(i.header_offset + 26)
+            n, m = int.from_bytes(f.read(2), 'little'), int.from_bytes(f.read(2), 'little')
+            data = i.header_offset + 30 + n + m
+            regions['local headers'].append((i.header_offset, data))
+            if i.file_size:
+                kind = 'pickle' if i.filename.endswith('.pkl') else \
+                    'tensor data' if '/data/' in i.filename else 'local headers'
+                regions[kind].append((data, data + i.compress_size))
+    regions['central directory'] = [(start_dir, size)]
+    return regions
+
+
+def test_a_zip_whose_bytes_changed_is_refused_before_loading(saved, tmp_path):
+    path, _ = saved
+    data = bytearray(open(path, 'rb').read())
+    data[_zip_regions(path)['tensor data'][3][0] + 5] ^= 0x40  # one bit of one weight
+    bad = tmp_path / 'bad.pth'
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"bad\.pth' is truncated or corrupt: record "
+                                              r"'.*/data/\d+' fails its CRC-32 check.*nothing "
+                                              r'was loaded from it\. Download or save it again'):
+        read_checkpoint(str(bad))
+
+
+def test_fuzz_every_corruption_is_refused_or_loads_the_saved_tensors(saved, tmp_path):
+    """300 corrupted copies of a real checkpoint (seeded): 1-64 bytes overwritten in the zip's
+    local headers, the pickle, tensor data or the central directory, and truncations. Each is
+    refused with CheckpointError or loads tensors equal to the saved ones; nothing else."""
+    path, sd = saved
+    data = open(path, 'rb').read()
+    regions = _zip_regions(path)
+    rng = random.Random(0)
+    outcomes = {}
+    for i in range(300):
+        kind = ['local headers', 'pickle', 'tensor data', 'central directory', 'truncated'][i % 5]
+        bad = bytearray(data)
+        if kind == 'truncated':
+            bad = bad[:rng.randrange(1, len(data))]
+        else:
+            lo, hi = rng.choice(regions[kind])
+            at = rng.randrange(lo, hi)
+            n = rng.randint(1, 64)
+            bad[at:at + n] = bytes(rng.randrange(256) for _ in range(len(bad[at:at + n])))
+        if bytes(bad) == data:
+            continue
+        f = tmp_path / f'{i}.pth'
+        f.write_bytes(bytes(bad))
+        try:
+            got = read_checkpoint(str(f))['state_dict']
+        except CheckpointError:
+            outcomes.setdefault(kind, []).append('refused')
+        else:
+            assert _equal(got, sd), f'{kind} corruption #{i} loaded different tensors'
+            outcomes.setdefault(kind, []).append('equal')
+        f.unlink()
+    assert set(outcomes) == {'local headers', 'pickle', 'tensor data', 'central directory',
+                             'truncated'}
+    # every change to the pickle, tensor data or the length is caught
+    for kind in ('pickle', 'tensor data', 'truncated'):
+        assert set(outcomes[kind]) == {'refused'}, kind
+
+
+def test_resolve_checkpoint_keeps_local_paths_local(saved):
+    assert resolve_checkpoint(saved[0]) == saved[0]

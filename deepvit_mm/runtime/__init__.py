@@ -21,6 +21,7 @@ from .distributed import CPUDistributedDataParallel, setup_cpu_distributed
 from .hooks import CheckpointWriteError, CrashSafeCheckpointHook, FiniteLossHook, RNGStateHook
 
 __all__ = ['CrashSafeCheckpointHook', 'CheckpointWriteError', 'FiniteLossHook', 'RNGStateHook',
-           'CPUAmpOptimWrapper', 'run_mmcv_ops_in_float32', 'CPUDistributedDataParallel', 'setup_cpu_distributed',
+           'CPUAmpOptimWrapper', 'run_mmcv_ops_in_float32', 'CPUDistributedDataParallel',
+           'setup_cpu_distributed',
            'keep_freed_cpu_memory', 'prepare_config', 'task_of', 'enable_visualization',
            'VIS_BACKENDS', 'set_vis_backends', 'enable_tta', 'build_inferencer']

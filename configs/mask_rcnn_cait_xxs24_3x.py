@@ -4,7 +4,7 @@ _base_ = './_base_/mask_rcnn_cait_3x_coco.py'
 
 arch = 'xxs24'
 embed_dim = 192
-pretrained = 'checkpoints/XXS24_224.pth'  # https://dl.fbaipublicfiles.com/deit/XXS24_224.pth
+pretrained = 'https://dl.fbaipublicfiles.com/deit/XXS24_224.pth'
 model = dict(
     backbone=dict(arch=arch, init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[embed_dim] * 4))

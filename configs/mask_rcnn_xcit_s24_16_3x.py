@@ -4,7 +4,7 @@ _base_ = './_base_/mask_rcnn_xcit_3x_coco.py'
 
 arch = 'small_24_p16'
 embed_dim = 384
-pretrained = 'checkpoints/xcit_small_24_p16_224.pth'
+pretrained = 'https://dl.fbaipublicfiles.com/xcit/xcit_small_24_p16_224.pth'
 model = dict(
     backbone=dict(arch=arch, init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[embed_dim] * 4))

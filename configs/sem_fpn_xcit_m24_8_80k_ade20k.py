@@ -4,7 +4,7 @@ _base_ = './_base_/sem_fpn_xcit_80k_ade20k.py'
 
 arch = 'medium_24_p8'
 embed_dim = 512
-pretrained = 'checkpoints/xcit_medium_24_p8_224.pth'
+pretrained = 'https://dl.fbaipublicfiles.com/xcit/xcit_medium_24_p8_224.pth'
 model = dict(
     backbone=dict(arch=arch, init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[embed_dim] * 4, out_channels=embed_dim),

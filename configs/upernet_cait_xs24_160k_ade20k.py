@@ -4,7 +4,7 @@ _base_ = './_base_/upernet_cait_160k_ade20k.py'
 
 arch = 'xs24'
 embed_dim = 288
-pretrained = 'checkpoints/XS24_384.pth'  # https://dl.fbaipublicfiles.com/deit/XS24_384.pth
+pretrained = 'https://dl.fbaipublicfiles.com/deit/XS24_384.pth'
 img_size = 384  # XS24 was released at 384 only: its 24x24 position embedding loads as trained
 model = dict(
     backbone=dict(arch=arch, img_size=img_size, init_cfg=dict(checkpoint=pretrained)),

@@ -4,7 +4,7 @@ _base_ = './_base_/upernet_cait_160k_ade20k.py'
 
 arch = 'xxs24'
 embed_dim = 192
-pretrained = 'checkpoints/XXS24_224.pth'  # https://dl.fbaipublicfiles.com/deit/XXS24_224.pth
+pretrained = 'https://dl.fbaipublicfiles.com/deit/XXS24_224.pth'
 model = dict(
     backbone=dict(arch=arch, init_cfg=dict(checkpoint=pretrained)),
     decode_head=dict(in_channels=[embed_dim] * 4),

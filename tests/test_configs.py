@@ -74,8 +74,8 @@ def test_detection_recipe_hyper_parameters(path):
     # the backbone named by the file, its ImageNet weights, and the FPN fed 4 x embed_dim
     backbone = cfg.model.backbone
     assert backbone.arch == f'{SIZES[model_tag]}_p{patch}'
-    assert backbone.init_cfg == dict(type='Pretrained',
-                                     checkpoint=f'checkpoints/xcit_{backbone.arch}_224.pth')
+    assert backbone.init_cfg == dict(
+        type='Pretrained', checkpoint=f'https://dl.fbaipublicfiles.com/xcit/xcit_{backbone.arch}_224.pth')
     assert cfg.model.neck.in_channels == [XCiT.arch_zoo[backbone.arch].embed_dim] * 4
     assert backbone.norm_cfg.type == 'SyncBN'
     assert cfg.default_hooks.checkpoint.max_keep_ckpts == 3

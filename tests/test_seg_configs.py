@@ -75,8 +75,8 @@ def test_segmentation_recipe_hyper_parameters(path):
     # the backbone named by the file, its ImageNet weights, SyncBN, the official unpadded input
     backbone = cfg.model.backbone
     assert backbone.type == 'XCiT' and backbone.arch == f'{SIZES[model_tag]}_p{patch}'
-    assert backbone.init_cfg == dict(type='Pretrained',
-                                     checkpoint=f'checkpoints/xcit_{backbone.arch}_224.pth')
+    assert backbone.init_cfg == dict(
+        type='Pretrained', checkpoint=f'https://dl.fbaipublicfiles.com/xcit/xcit_{backbone.arch}_224.pth')
     assert cfg.model.pretrained is None
     assert backbone.norm_cfg.type == 'SyncBN' and backbone.pad_input is False
     dim = XCiT.arch_zoo[backbone.arch].embed_dim

@@ -15,12 +15,12 @@ _base_ = './schedules/mask_rcnn_3x_coco.py'
 
 arch = 's24'  # see deepvit_mm.CaiT.arch_zoo
 embed_dim = 384  # XXS: 192, XS: 288, S: 384; every tap has embed_dim channels
-# ImageNet-1k weights, downloaded here beforehand (nothing is fetched at train time): the official
-# release (https://dl.fbaipublicfiles.com/deit/S24_224.pth, a dict under 'model') or timm's
-# (Hugging Face timm/cait_s24_224.fb_dist_in1k, .safetensors). The learned position embedding is
-# built for `img_size` (a 14x14 grid at 224) and resampled to each input's grid; children using a
-# 384 release set img_size=384 so that its 24x24 embedding loads as trained.
-pretrained = 'checkpoints/S24_224.pth'
+# ImageNet-1k weights: the official release (a dict under 'model'), fetched once into torch's hub
+# cache and checked; timm's also load ('hf-hub:timm/cait_s24_224.fb_dist_in1k'), or a local path.
+# The learned position embedding is built for `img_size` (a 14x14 grid at 224) and resampled to
+# each input's grid; children using a 384 release set img_size=384 so that its 24x24 embedding
+# loads as trained.
+pretrained = 'https://dl.fbaipublicfiles.com/deit/S24_224.pth'
 img_size = 224
 
 model = dict(

@@ -8,10 +8,10 @@ _base_ = './schedules/mask_rcnn_3x_coco.py'
 
 arch = 'small_12_p16'  # see deepvit_mm.XCiT.arch_zoo
 embed_dim = 384  # T: 192, S: 384, M: 512; every tap has embed_dim channels
-# ImageNet-1k weights, downloaded here beforehand (nothing is fetched at train time): the
-# official release (https://dl.fbaipublicfiles.com/xcit/xcit_<size>_p<patch>_224.pth) or timm's
-# (Hugging Face timm/xcit_<size>_p<patch>_224.fb_in1k; point `pretrained` at its .safetensors).
-pretrained = f'checkpoints/xcit_{arch}_224.pth'
+# ImageNet-1k weights: the official release, fetched once into torch's hub cache and checked
+# (deepvit_mm.checkpoints.fetch). timm's also load: 'hf-hub:timm/xcit_<size>_p<patch>_224.fb_in1k',
+# or a local path (a machine without network).
+pretrained = f'https://dl.fbaipublicfiles.com/xcit/xcit_{arch}_224.pth'
 
 model = dict(
     backbone=dict(

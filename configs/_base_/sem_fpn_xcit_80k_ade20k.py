@@ -11,7 +11,7 @@ _base_ = ['mmseg::_base_/models/fpn_r50.py', './schedules/ade20k_80k.py']
 arch = 'small_12_p16'  # see deepvit_mm.XCiT.arch_zoo
 embed_dim = 384  # T: 192, S: 384, M: 512; every tap has embed_dim channels
 # ImageNet-1k weights, as for detection (mask_rcnn_xcit_3x_coco.py)
-pretrained = f'checkpoints/xcit_{arch}_224.pth'
+pretrained = f'https://dl.fbaipublicfiles.com/xcit/xcit_{arch}_224.pth'
 
 model = dict(
     pretrained=None,  # the base's ResNet weights; XCiT's come through backbone.init_cfg

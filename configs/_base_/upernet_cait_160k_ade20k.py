@@ -11,7 +11,7 @@ _base_ = ['./models/upernet.py', './schedules/ade20k_160k.py']
 arch = 's24'  # see deepvit_mm.CaiT.arch_zoo
 embed_dim = 384  # XXS: 192, XS: 288, S: 384; every tap has embed_dim channels
 # ImageNet-1k weights and `img_size` as for detection (mask_rcnn_cait_3x_coco.py)
-pretrained = 'checkpoints/S24_224.pth'
+pretrained = 'https://dl.fbaipublicfiles.com/deit/S24_224.pth'
 img_size = 224
 
 model = dict(

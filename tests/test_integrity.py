@@ -266,6 +266,52 @@ def test_fuzz_every_corruption_is_refused_or_loads_the_saved_tensors(saved, tmp_
         assert set(outcomes[kind]) == {'refused'}, kind
 
 
+def _central_entries(data, start_dir):
+    """Offsets of the central directory's file headers (signature PK\\x01\\x02)."""
+    out, at = [], start_dir
+    while data[at:at + 4] == b'PK\x01\x02':
+        out.append(at)
+        n, m, k = (int.from_bytes(data[at + o:at + o + 2], 'little') for o in (28, 30, 32))
+        at += 46 + n + m + k
+    return out
+
+
+@pytest.mark.parametrize('where', ['local header', 'central directory'])
+@pytest.mark.parametrize('field', ['encrypted flag', 'strong encryption flag', 'deflate method',
+                                   'unknown method'])
+def test_damaged_zip_header_fields_are_refused(saved, tmp_path, where, field):
+    """Header fields that make Python's zip reader raise something other than BadZipFile (the
+    fuzz met "File ... is encrypted" on torch 2.1's layout). Readers take flags and method from
+    the central directory: changed there, the file is refused like any other damage; changed in
+    a local header only, the file is refused or its tensors load unchanged."""
+    path, sd = saved
+    data = bytearray(open(path, 'rb').read())
+    with zipfile.ZipFile(path) as z:
+        info = [i for i in z.infolist() if '/data/' in i.filename][0]
+        start_dir = z.start_dir
+    if where == 'local header':
+        at, flags, method = info.header_offset, 6, 8
+    else:
+        at = [e for e in _central_entries(data, start_dir)
+              if int.from_bytes(data[e + 42:e + 46], 'little') == info.header_offset][0]
+        flags, method = 8, 10
+    if field.endswith('flag'):
+        data[at + flags] |= 0x01 if field == 'encrypted flag' else 0x40
+    else:
+        data[at + method:at + method + 2] = (8 if field == 'deflate method' else 99).to_bytes(2, 'little')
+    bad = tmp_path / 'bad.pth'
+    bad.write_bytes(bytes(data))
+    if where == 'central directory':
+        with pytest.raises(CheckpointError, match=r'is truncated or corrupt: its zip structure'):
+            read_checkpoint(str(bad))
+        return
+    try:
+        got = read_checkpoint(str(bad))['state_dict']
+    except CheckpointError:
+        return
+    assert _equal(got, sd)
+
+
 def test_resolve_checkpoint_keeps_local_paths_local(saved):
     assert resolve_checkpoint(saved[0]) == saved[0]
 

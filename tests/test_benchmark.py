@@ -23,9 +23,9 @@ LINUX = os.path.exists('/proc/self/clear_refs')
 
 
 def _tool(name):
-    """tools/<name>.py as a module, without touching sys.path."""
-    spec = importlib.util.spec_from_file_location(f'{name}_tool',
-                                                  os.path.join(ROOT, 'tools', f'{name}.py'))
+    """tools/analysis/<name>.py (the measuring tools) as a module, without touching sys.path."""
+    spec = importlib.util.spec_from_file_location(
+        f'{name}_tool', os.path.join(ROOT, 'tools', 'analysis', f'{name}.py'))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -281,17 +281,18 @@ def test_write_report_without_measurements_writes_no_csv(tmp_path):
 
 
 def test_cait_variant_table():
+    tool = _tool('benchmark_memory')
     result = dict(model='xxs24', size=(64, 64), batch=1, device='cpu', threads=1,
                   info=dict(window_size=2, global_blocks=[3], blocks=4, with_cp=True, tokens=16),
                   mem_before_mib=1024.0, mem_peak_mib=1536.0, peak_mem_mib=512.0,
                   tensor_peak_mib=256.0, latency_ms=1500.0, cpu_ms=1200.0,
                   latencies_ms=[1500.0])
-    row = bm.cait_variant_row('window+cp', result)
+    row = tool.cait_variant_row('window+cp', result)
     assert (row['peak_gb'], row['base_gb'], row['added_gb'], row['tensor_peak_gb']) == \
         (1.5, 1.0, 0.5, 0.25)
     assert (row['seconds'], row['all_seconds'], row['status']) == (1.5, [1.5], 'ok')
-    failed = bm.cait_variant_row('global', dict(result, error='MemoryError: x'))
-    lines = bm.cait_variants_markdown([row, failed], 'xxs24', 1, (64, 64), 'cpu').splitlines()
+    failed = tool.cait_variant_row('global', dict(result, error='MemoryError: x'))
+    lines = tool.cait_variants_markdown([row, failed], 'xxs24', 1, (64, 64), 'cpu').splitlines()
     assert lines[0] == 'CaiT-xxs24, 1x3x64x64, forward + backward, cpu, 1 threads'
     assert lines[3] == '| window+cp | 3 | 4 | 1.50 | 1.00 | 0.50 | 0.25 | 1.50 | 1.20 | ok |'
     assert lines[4] == '| global | 3 | 4 | - | - | - | - | - | - | failed: MemoryError: x |'
@@ -321,7 +322,7 @@ def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
     # the printed command spells out every setting and parses back to the same run
     (line,) = {ln for ln in printed.splitlines() if ln.startswith('reproduce with: ')}
     cmd = shlex.split(line[len('reproduce with: '):])
-    assert cmd[:2] == ['python', 'tools/benchmark.py'] and '--quick' not in cmd
+    assert cmd[:2] == ['python', 'tools/analysis/benchmark.py'] and '--quick' not in cmd
     again, first = tool.parse_args(cmd[2:]), tool.parse_args(argv)
     for key in ('arch', 'config', 'sizes', 'batch', 'dtypes', 'passes', 'warmup', 'repeats',
                 'out_dir', 'compare_timm', 'compare_floor', 'compare_only', 'checkpoint',
@@ -458,7 +459,7 @@ def test_split_step_leaves_the_gradients_of_a_whole_step(config, cfg_options, pa
 
 
 def test_profile_train_step_tool(capsys):
-    tool = _tool('analysis/profile_train_step')
+    tool = _tool('profile_train_step')
     import sys
     argv = sys.argv
     sys.argv = ['profile_train_step.py', DEMO_DET, '--shape', '64', '96', '--batch-size', '2',

@@ -87,13 +87,14 @@ def test_bad_arguments_say_what_to_pass(family, arch, kwargs, error, match):
 
 @pytest.mark.parametrize('family,arch,name', [('XCiT', 'nano_12_p16', 'gram_xca'),
                                               ('CaiT', 'xxs24', 'query_chunks')])
-def test_deprecated_fast_forward_still_works_and_says_the_new_name(family, arch, name,
-                                                                    monkeypatch):
-    import deepvit_mm.backbones.columnar as columnar
-    said = []
-    monkeypatch.setattr(columnar, 'print_log', lambda msg, **k: said.append(msg))
-    m = _build(family, arch, fast_forward=False)
-    assert getattr(m, name) is False and m.fast_path is False
-    assert said == [f'{family}: fast_forward is deprecated, use {name}=False.']
+def test_the_faster_forward_has_one_name_per_family(family, arch, name):
+    m = _build(family, arch, **{name: False})
+    assert getattr(m, name) is False and type(m).fast_path_name == name
+    setattr(m, name, 'auto')
+    assert getattr(m, name) == 'auto'
     with pytest.raises(ValueError, match=f"{name} must be 'auto', True or False"):
         _build(family, arch, **{name: 'yes'})
+    for other in ('fast_forward', 'fast_path'):  # no second name for the same switch
+        assert not hasattr(m, other)
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{other}'"):
+            _build(family, arch, **{other: False})

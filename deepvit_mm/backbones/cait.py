@@ -115,8 +115,7 @@ class CaiT(ColumnarBackbone):
             more than 128 tokens (measured per global attention at 4,200 tokens: inference 4-5x,
             forward + backward ~3x faster than timm's); elsewhere timm's attention (not
             measured). ``True``: on every device; ``False``: timm's attention. With attention
-            dropout active, training uses timm's attention. (Called ``fast_forward`` before:
-            still accepted, with a deprecation message.) Default: ``'auto'``.
+            dropout active, training uses timm's attention. Default: ``'auto'``.
         norm_cfg (dict): Norm of the pyramid adapter. Default: ``dict(type='BN', requires_grad=True)``.
         frozen_stages (int): See ``ColumnarBackbone`` (0 freezes the patch and position
             embeddings). Default: -1.
@@ -134,7 +133,8 @@ class CaiT(ColumnarBackbone):
     # official releases ({'model': ...}, maybe `module.`) have timm's keys
     checkpoint_filter = staticmethod(checkpoint_filter_fn)
     fast_path_name = 'query_chunks'
-    query_chunks = ColumnarBackbone.fast_path
+    query_chunks = property(ColumnarBackbone._get_fast_path, ColumnarBackbone._set_fast_path,
+                            doc="``'auto'``, True or False: see the class docstring.")
 
     def __init__(self, arch: str = 's24', *, img_size: Optional[int] = None, window_size: int = 0,
                  global_blocks: Optional[Sequence[int]] = None,
@@ -146,13 +146,14 @@ class CaiT(ColumnarBackbone):
         if not window_size and global_blocks is not None:
             raise ValueError(f'CaiT: global_blocks={tuple(global_blocks)} needs window_size > 0 '
                              '(without windows every block is global).')
-        super().__init__(arch, fast_path=query_chunks, **kwargs)
+        super().__init__(arch, **kwargs)
         # inference-only cache of resampled position embeddings; see `pos_embed_for`
         self._pos_cache: Dict[Tuple[int, int], torch.Tensor] = OrderedDict()
         self._pos_cache_stamp: Optional[tuple] = None
         self.window_size, self.global_blocks = self._check_windows(window_size, global_blocks)
         for i, blk in enumerate(self.trunk.blocks):
             blk.attn.window_size = 0 if i in self.global_blocks else self.window_size
+        self.query_chunks = query_chunks
 
     def _apply_fast_path(self, mode: Union[bool, str]) -> None:
         chunk = {True: CPU_QUERY_CHUNK, False: None, 'auto': 'auto'}[mode]

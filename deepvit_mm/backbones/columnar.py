@@ -6,8 +6,6 @@ convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_
 ``with_cp`` and weight loading live here once.
 """
 import difflib
-import logging
-import numbers
 import re
 from typing import Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
@@ -15,15 +13,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
-from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..checkpoints import LoadReport, load_weights, read_checkpoint
 from ..pyramid import ColumnarPyramid
 from ..torch_compat import autocast_enabled
 from ..tracing import in_graph_capture
+from .checks import check_arguments, check_input, free_memory
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
+from .weights import ColumnarWeights
 
 __all__ = ['ColumnarBackbone', 'ArchSpec']
 
@@ -38,12 +36,13 @@ class ArchSpec(dict):
             raise AttributeError(name) from e
 
 
-class ColumnarBackbone(BaseModule):
+class ColumnarBackbone(ColumnarWeights, BaseModule):
     """Base class of columnar (single-stride) transformer backbones for mmdet and mmseg.
 
     Subclasses define ``arch_zoo`` (short name -> ``ArchSpec``), ``name_pattern`` (a regex that
     turns a timm model name into a short name), ``classifier_parts``, ``checkpoint_filter``,
-    ``fast_path_name``, ``_build_trunk``, ``_forward_taps`` and ``_apply_fast_path``.
+    ``fast_path_name`` (with its property), ``_build_trunk``, ``_forward_taps`` and
+    ``_apply_fast_path``.
 
     Args:
         arch (str): Short architecture name or timm's full model name.
@@ -68,9 +67,6 @@ class ColumnarBackbone(BaseModule):
             Both give the same result on sizes divisible by the largest stride. Default: True.
         layer_scale_init (float, optional): LayerScale init of every block; default: the
             paper's for ``arch``.
-        fast_path (bool | str): The family's faster forward (``'auto'``, True or False); each
-            family takes it under a name that says what it does (``fast_path_name``).
-            Default: ``'auto'``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads a
             classification, timm, detector or segmentor checkpoint and logs a report;
             ``checkpoint_key='student'`` takes a DINO checkpoint's student.
@@ -85,8 +81,9 @@ class ColumnarBackbone(BaseModule):
     classifier_parts: ClassVar[Tuple[str, ...]] = ()
     #: timm's ``checkpoint_filter_fn(state_dict, model)`` of the family (official key layouts)
     checkpoint_filter: ClassVar[Optional[Callable]] = None
-    #: the name of the family's argument (and attribute) for ``fast_path``
-    fast_path_name: ClassVar[str] = 'fast_path'
+    #: the family's argument (and attribute) that switches its faster forward, ``'auto'``, True or
+    #: False (XCiT: ``gram_xca``, CaiT: ``query_chunks``); set after ``__init__`` by the family
+    fast_path_name: ClassVar[str] = ''
     families: ClassVar[List[Type['ColumnarBackbone']]] = []
 
     def __init_subclass__(cls, **kwargs):
@@ -105,8 +102,6 @@ class ColumnarBackbone(BaseModule):
                  with_cp: bool = False,
                  pad_input: bool = True,
                  layer_scale_init: Optional[float] = None,
-                 fast_path: Union[bool, str] = 'auto',
-                 fast_forward: Union[bool, str, None] = None,
                  init_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None,
                  **trunk_kwargs) -> None:
@@ -123,7 +118,7 @@ class ColumnarBackbone(BaseModule):
                                  'not both.')
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
-        self._check_arguments(out_indices, drop_path_rate, norm_cfg, frozen_stages)
+        check_arguments(type(self).__name__, out_indices, drop_path_rate, norm_cfg, frozen_stages)
         self.arch = self.resolve_arch(arch)
         fixed = sorted(set(trunk_kwargs) & {'patch_size', 'embed_dim', 'depth', 'num_heads'})
         if fixed:
@@ -177,40 +172,6 @@ class ColumnarBackbone(BaseModule):
         if with_cp:
             enable_grad_checkpointing(self.trunk)
         self._freeze_stages()
-        if fast_forward is not None:  # its name until 0.1: one word for two unrelated paths
-            print_log(f'{type(self).__name__}: fast_forward is deprecated, use '
-                      f'{self.fast_path_name}={fast_forward!r}.', logger='current',
-                      level=logging.WARNING)
-            fast_path = fast_forward
-        self.fast_path = fast_path
-
-    def _check_arguments(self, out_indices, drop_path_rate, norm_cfg, frozen_stages) -> None:
-        """Argument types the trunk would reject with an unhelpful message (or accept wrongly)."""
-        name = type(self).__name__
-        if out_indices is not None and (
-                isinstance(out_indices, (str, bytes)) or not isinstance(out_indices, Sequence)
-                or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool)
-                           for i in out_indices)):
-            raise TypeError(f'{name}: out_indices must be a sequence of 0-based block indices, one '
-                            f'per output stride, e.g. (3, 5, 7, 11); got {out_indices!r}.')
-        if drop_path_rate is not None and (
-                not isinstance(drop_path_rate, numbers.Real) or isinstance(drop_path_rate, bool)
-                or not 0 <= drop_path_rate < 1):
-            raise ValueError(f'{name}: drop_path_rate must be a number in [0, 1) (the probability '
-                             f'of skipping a block), got {drop_path_rate!r}; the paper uses '
-                             '0.0-0.3.')
-        if norm_cfg is not None:
-            if not isinstance(norm_cfg, Mapping) or 'type' not in norm_cfg:
-                raise TypeError(f"{name}: norm_cfg must be a dict with a 'type', e.g. "
-                                "dict(type='BN', requires_grad=True) or dict(type='SyncBN'); got "
-                                f'{norm_cfg!r}.')
-            if norm_cfg['type'] == 'GN' and 'num_groups' not in norm_cfg:
-                raise ValueError(f"{name}: norm_cfg={dict(norm_cfg)} needs num_groups, e.g. "
-                                 "dict(type='GN', num_groups=32).")
-        if not isinstance(frozen_stages, numbers.Integral) or isinstance(frozen_stages, bool):
-            raise TypeError(f'{name}: frozen_stages must be an int: -1 (nothing frozen), 0 (patch '
-                            'embedding) or k (also the first k blocks; the number of blocks used '
-                            f'freezes the whole trunk); got {frozen_stages!r}.')
 
     # ----------------------------------------------------------------- architecture table
     @classmethod
@@ -282,7 +243,7 @@ class ColumnarBackbone(BaseModule):
         return None
 
     def _apply_fast_path(self, mode: Union[bool, str]) -> None:
-        """Make the trunk run as ``fast_path`` says (``'auto'``, True or False)."""
+        """Make the trunk run as the family's switch (``fast_path_name``) says."""
         raise NotImplementedError
 
     def _stem_modules(self) -> List[nn.Module]:
@@ -295,28 +256,17 @@ class ColumnarBackbone(BaseModule):
         return []
 
     # ----------------------------------------------------------------- faster forward
-    @property
-    def fast_path(self) -> Union[bool, str]:
-        """``'auto'``, True or False: whether the trunk runs the family's faster forward (see
-        the family's class docstring; its argument is named ``fast_path_name``)."""
+    def _get_fast_path(self) -> Union[bool, str]:
         return self._fast_path
 
-    @fast_path.setter
-    def fast_path(self, mode: Union[bool, str]) -> None:
+    def _set_fast_path(self, mode: Union[bool, str]) -> None:
+        """Validate and apply the family's switch; the family exposes it as a property named
+        ``fast_path_name`` (``gram_xca = property(_get_fast_path, _set_fast_path)``)."""
         if mode not in (True, False, 'auto'):
             raise ValueError(f"{type(self).__name__}: {self.fast_path_name} must be 'auto', True "
                              f'or False, got {mode!r}')
         self._fast_path = mode if mode == 'auto' else bool(mode)
         self._apply_fast_path(self._fast_path)
-
-    @property
-    def fast_forward(self) -> Union[bool, str]:
-        """Deprecated name of ``fast_path`` (the family's ``fast_path_name``)."""
-        return self.fast_path
-
-    @fast_forward.setter
-    def fast_forward(self, mode: Union[bool, str]) -> None:
-        self.fast_path = mode
 
     # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -329,7 +279,7 @@ class ColumnarBackbone(BaseModule):
             with ``pad_input=False`` the maps are as large as the unpadded input gives). An empty
             batch gives empty maps.
         """
-        self._check_input(x)
+        check_input(self, x)
         if x.shape[0] == 0:
             return self._empty_output(x)
         h, w = x.shape[-2:]
@@ -348,42 +298,6 @@ class ColumnarBackbone(BaseModule):
             return tuple(x.new_zeros(0, self.embed_dim, H // s, W // s) for s in self.out_strides)
         with torch.no_grad():  # unpadded sizes round per layer: take them from one image
             return tuple(o[:0] for o in self.forward(x.new_zeros(1, *x.shape[1:])))
-
-    def _check_input(self, x: torch.Tensor) -> None:
-        name = f'{type(self).__name__}({self.arch})'
-        if not torch.is_tensor(x) or x.dim() != 4:
-            raise ValueError(f'{name} expects a (B, C, H, W) tensor of images, got '
-                             f'{tuple(x.shape) if torch.is_tensor(x) else type(x).__name__}.')
-        in_chans = self.in_chans
-        if x.shape[1] != in_chans:
-            raise ValueError(f'{name} expects {in_chans}-channel images, got {x.shape[1]} channels '
-                             f'(shape {tuple(x.shape)}); convert the images (e.g. to RGB) or set '
-                             f'in_chans={x.shape[1]} (pretrained weights then do not fit).')
-        weight_dtype = next(self.parameters()).dtype
-        if not x.is_floating_point():
-            raise TypeError(f'{name} expects float images normalised by the data preprocessor '
-                            f'(mean/std), got {x.dtype}: use mmdet/mmseg\'s data preprocessor, or '
-                            f'(x.float() - mean) / std.')
-        if x.dtype != weight_dtype and not autocast_enabled(x.device.type):
-            raise TypeError(f'{name}: input is {x.dtype} but the weights are {weight_dtype}: pass '
-                            f'x.to({weight_dtype}), convert the model (model.to({x.dtype})), or run '
-                            'under torch.autocast for mixed precision.')
-        if min(x.shape[-2:]) < self.patch_size:
-            raise ValueError(f'{name}: input {tuple(x.shape[-2:])} is smaller than one '
-                             f'{self.patch_size}x{self.patch_size} patch; resize images to at least '
-                             f'{self.patch_size} pixels a side.')
-        # unpadded, the coarsest (max-pooled) level needs pad_to/patch_size patches a side
-        least = self.pad_to - self.patch_size + 1
-        if not self.pad_input and min(x.shape[-2:]) < least:
-            raise ValueError(f'{name}: with pad_input=False an input needs at least {least} pixels '
-                             f'a side for the stride-{self.pad_to} level, got '
-                             f'{tuple(x.shape[-2:])}; use pad_input=True or larger images.')
-        # (not on meta tensors, which have no values: FLOP counting runs the model on them)
-        if not in_graph_capture() and x.device.type != 'meta' and x.numel() and not torch.isfinite(x).all():
-            bad = int((~torch.isfinite(x)).sum())
-            raise ValueError(f'{name}: the input holds {bad} NaN or infinite values, which would '
-                             'make every output NaN. Check the images and the data preprocessor '
-                             '(a std of 0, a corrupt file).')
 
     # ----------------------------------------------------------------- memory
     def _activation_bytes(self, batch: int, grid: Tuple[int, int], element: int,
@@ -405,7 +319,7 @@ class ColumnarBackbone(BaseModule):
         grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
         element = 2 if autocast_enabled(x.device.type) else x.element_size()
         need = self._activation_bytes(x.shape[0], grid, element, x.device)
-        free = _free_memory(x.device)
+        free = free_memory(x.device)
         if free is not None and need > free:
             raise MemoryError(
                 f'{type(self).__name__}({self.arch}): input {tuple(x.shape)} ({grid[0]}x{grid[1]} '
@@ -439,91 +353,6 @@ class ColumnarBackbone(BaseModule):
                 if isinstance(m, _BatchNorm):
                     m.eval()
         return self
-
-    # ----------------------------------------------------------------- weights
-    def init_weights(self) -> None:
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            self.load_pretrained(cfg['checkpoint'], checkpoint_key=cfg.get('checkpoint_key'))
-            self._is_init = True
-        else:
-            super().init_weights()
-
-    def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """Any supported layout -> this module's keys (``trunk.*``, ``adapter.*``).
-
-        Accepts our own (``trunk.``/``adapter.``), a detector/segmentor checkpoint (``backbone.``
-        prefix, ours or the official XCiT detection code's ``fpn1..fpn4``), official
-        classification releases and timm's.
-        """
-        if any(k.startswith('backbone.') for k in state_dict):
-            state_dict = {k[9:]: v for k, v in state_dict.items() if k.startswith('backbone.')}
-        if all(k.startswith(('trunk.', 'adapter.')) for k in state_dict):
-            return dict(state_dict)
-        adapter, rest = {}, {}
-        for k, v in state_dict.items():
-            m = re.match(r'^fpn(\d)\.(.*)$', k)
-            if m:
-                adapter[f'adapter.levels.{int(m.group(1)) - 1}.{m.group(2)}'] = v
-            else:
-                rest[k] = v
-        trunk = self.convert_trunk_keys(rest)
-        return {**{f'trunk.{k}': v for k, v in trunk.items()}, **adapter}
-
-    def dropped_key_patterns(self) -> List[str]:
-        """Regexes of converted checkpoint keys dropped on purpose: the classifier and the blocks
-        after the last tap (``checkpoints.WeightsTarget``)."""
-        pats = [r'^trunk\.(' + '|'.join(self.classifier_parts) + r')(\.|$)']
-        if self._kept_blocks < self.depth:
-            pruned = '|'.join(str(i) for i in range(self._kept_blocks, self.depth))
-            pats.append(rf'^trunk\.blocks\.({pruned})\.')
-        return pats
-
-    def init_ok_key_patterns(self) -> List[str]:
-        """Module keys that may stay at init when the checkpoint lacks them."""
-        return [r'^adapter\.']
-
-    def resize_weight(self, key: str, value: torch.Tensor,
-                      target: torch.Tensor) -> Optional[torch.Tensor]:
-        """``value`` resized to ``target``'s shape, or None when it cannot be (the family decides:
-        CaiT resamples its position embedding)."""
-        return None
-
-    def describe_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> str:
-        """What ``state_dict`` (trunk keys) looks like, for a refusal's message."""
-        for fam in ColumnarBackbone.families:
-            arch = fam.arch_from_state_dict(state_dict)
-            if arch:
-                return f'It looks like a checkpoint of {fam.__name__}(arch={arch!r})'
-        names = ', '.join(fam.__name__ for fam in ColumnarBackbone.families)
-        return f'It is not a checkpoint of a model deepvit_mm knows ({names})'
-
-    def load_pretrained(self, path: str, checkpoint_key: Optional[str] = None) -> LoadReport:
-        """Load ``path`` (a file, ``~/...`` or an ``http(s)://`` URL, in any supported format and
-        layout) through ``deepvit_mm.checkpoints.load_weights``; log and return the report.
-
-        Args:
-            path (str): The checkpoint.
-            checkpoint_key (str, optional): The part to take, e.g. ``'student'`` of a DINO
-                training checkpoint (default: its ``teacher``).
-        """
-        return load_weights(self, read_checkpoint(path), source=repr(path),
-                            checkpoint_key=checkpoint_key)
-
-
-def _free_memory(device: torch.device) -> Optional[int]:
-    """Bytes a new allocation can take on ``device``, or None when unknown."""
-    if device.type == 'cuda':
-        free, _ = torch.cuda.mem_get_info(device)
-        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    if device.type == 'cpu':
-        try:
-            with open('/proc/meminfo') as f:
-                info = dict(line.split(':', 1) for line in f)
-            return int(info['MemAvailable'].split()[0]) * 1024
-        except (OSError, KeyError, ValueError):
-            return None
-    return None
 
 
 def count_blocks(state_dict: Mapping[str, torch.Tensor], prefix: str = 'trunk.blocks.') -> int:

@@ -73,8 +73,7 @@ class XCiT(ColumnarBackbone):
             more on small ones. ``'auto'``: per forward, only where it is measured to be faster
             (``xcit_fast.fast_path_helps``: on CPUs from 2 C tokens per image, on CUDA from a
             batch's B N C^2 of 2e9 in fp32 and 4e9 in bf16/fp16); ``True``: always; ``False``:
-            timm's own forward. (Called ``fast_forward`` before: still accepted, with a
-            deprecation message.) Default: ``'auto'``.
+            timm's own forward. Default: ``'auto'``.
         norm_cfg (dict): Norm of the conv parts (patch embedding, LPI, adapter).
             Default: ``dict(type='BN', requires_grad=True)``.
         frozen_stages (int): See ``ColumnarBackbone``. Default: -1.
@@ -91,12 +90,14 @@ class XCiT(ColumnarBackbone):
     # official releases: `pos_embeder.*` -> `pos_embed.*`
     checkpoint_filter = staticmethod(checkpoint_filter_fn)
     fast_path_name = 'gram_xca'
-    gram_xca = ColumnarBackbone.fast_path
+    gram_xca = property(ColumnarBackbone._get_fast_path, ColumnarBackbone._set_fast_path,
+                        doc="``'auto'``, True or False: see the class docstring.")
 
     def __init__(self, arch: str = 'small_12_p16', *, qkv_cfg: Optional[dict] = None,
                  gram_xca: Union[bool, str] = 'auto', **kwargs) -> None:
         self.qkv_cfg = normalize_qkv_cfg(qkv_cfg)
-        super().__init__(arch, fast_path=gram_xca, **kwargs)
+        super().__init__(arch, **kwargs)
+        self.gram_xca = gram_xca
 
     def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: float,
                      **kwargs) -> nn.Module:

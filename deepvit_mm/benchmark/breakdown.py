@@ -28,7 +28,7 @@ import torch
 
 from .baselines import GemmFloor
 from .batches import backbone_input
-from .measure import _time_calls, pass_runner
+from .measure import pass_runner, time_calls
 from .models import build_backbone, padded_size
 
 __all__ = ['KINDS', 'op_breakdown', 'breakdown_markdown']
@@ -132,10 +132,10 @@ def op_breakdown(arch: str, size: Tuple[int, int] = (800, 1344), mode: str = 'fw
     run(), run_floor(), run_stream(), run_gelu()  # warm-up
     total, floor_s, stream_s, gelu_s = [], [], [], []
     for _ in range(repeats):  # interleaved
-        total.append(statistics.median(_time_calls(run, 'cpu', 1)))
-        floor_s.append(statistics.median(_time_calls(run_floor, 'cpu', 1)))
-        stream_s.append(statistics.median(_time_calls(run_stream, 'cpu', 5)))
-        gelu_s.append(statistics.median(_time_calls(run_gelu, 'cpu', 5)))
+        total.append(statistics.median(time_calls(run, 'cpu', 1)))
+        floor_s.append(statistics.median(time_calls(run_floor, 'cpu', 1)))
+        stream_s.append(statistics.median(time_calls(run_stream, 'cpu', 5)))
+        gelu_s.append(statistics.median(time_calls(run_gelu, 'cpu', 5)))
     floor_macs = floor.multiply_adds * (3 if mode == 'train' else 1)
     gemm_rate = floor_macs / statistics.median(floor_s)
     stream_rate = 3 * a.numel() * 4 / statistics.median(stream_s)

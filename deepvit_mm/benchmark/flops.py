@@ -13,7 +13,7 @@ How the count is taken:
   element-wise work (norms, activations, softmax, pooling, resizing) is not counted.
 * The backbone, neck and dense heads run on the ``meta`` device: shapes only, no arithmetic, so a
   full-size count takes well under a second. XCiT counts its blocks as timm computes them
-  (``fast_path=False``; the backbone's fast path gives the same result with fewer multiply-adds).
+  (``gram_xca=False``; its Gram-matrix path gives the same result with fewer multiply-adds).
 * Two-stage RoI heads run as mmdet's ``tools/analysis_tools/get_flops.py`` runs them (the
   detector's ``tensor`` mode, ``StandardRoIHead.forward``): the box head on ``max_per_img`` RoIs of
   the RPN's test config (1000 in the recipes) and the mask head on the first 100. Their cost does
@@ -179,12 +179,12 @@ def _counting_backbone(backbone: nn.Module) -> Iterator[None]:
     if not isinstance(backbone, ColumnarBackbone):
         yield
         return
-    fast = backbone.fast_path
-    backbone.fast_path = False
+    fast = getattr(backbone, backbone.fast_path_name)
+    setattr(backbone, backbone.fast_path_name, False)
     try:
         yield
     finally:
-        backbone.fast_path = fast
+        setattr(backbone, backbone.fast_path_name, fast)
 
 
 def backbone_macs(backbone: nn.Module, shape: Tuple[int, int],

@@ -23,7 +23,7 @@ import torch
 
 from ..torch_compat import profiler_event_start_ns
 
-__all__ = ['MiB', 'current_rss', 'reset_peak_rss', 'peak_rss', 'peak_memory', 'tensor_peak',
+__all__ = ['MiB', 'synchronize', 'current_rss', 'reset_peak_rss', 'peak_rss', 'peak_memory', 'tensor_peak',
            'limit_address_space']
 
 MiB = 1024 * 1024
@@ -62,7 +62,8 @@ def peak_rss(since_reset: bool = True) -> int:
     return peak if sys.platform == 'darwin' else peak * 1024  # bytes on macOS, KiB on Linux
 
 
-def _sync(device: str) -> None:
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (CUDA); nothing to wait for on CPUs."""
     if str(device).startswith('cuda'):
         torch.cuda.synchronize()
 
@@ -82,11 +83,11 @@ def peak_memory(run: Callable[[], object], device: str = 'cpu') -> Tuple[float, 
     """
     gc.collect()
     if str(device).startswith('cuda'):
-        _sync(device)
+        synchronize(device)
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
         run()
-        _sync(device)
+        synchronize(device)
         peak = torch.cuda.max_memory_allocated()
         method = 'cuda max_memory_allocated'
     elif not os.path.exists('/proc/self/statm'):

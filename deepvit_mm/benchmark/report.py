@@ -1,6 +1,6 @@
 """Reports: markdown tables, CSV files and a plot of cost against input size.
 
-``write_report`` writes what ``tools/benchmark.py`` measured: ``benchmark.md`` (every table, the
+``write_report`` writes what ``tools/analysis/benchmark.py`` measured: ``benchmark.md`` (every table, the
 command that reproduces it and the environment), ``benchmark.csv`` (one row per measurement),
 ``compare.csv`` (one row per compared model, size and pass) and ``benchmark.png``.
 ``markdown_table`` is the one table writer every tool's output goes through.
@@ -16,7 +16,7 @@ import torch
 from .measure import COMPARE_MODES
 
 __all__ = ['environment', 'fmt', 'size_str', 'markdown_table', 'benchmark_markdown',
-           'write_report', 'cait_variant_row', 'cait_variants_markdown', 'ROW_FIELDS',
+           'write_report', 'ROW_FIELDS',
            'COMPARE_FIELDS']
 
 # benchmark.csv's columns, in order
@@ -220,46 +220,3 @@ def write_report(out_dir: str, rows: List[dict], comparisons: List[dict],
     if metrics:
         paths['metrics'] = paths['md']
     return paths
-
-
-def _gib(mib: Optional[float]) -> Optional[float]:
-    return None if mib is None else round(mib / 1024, 2)
-
-
-def cait_variant_row(variant: str, result: dict) -> dict:
-    """One row of ``tools/benchmark_memory.py``'s table (and ``--json``) from ``measure``'s
-    result for a CaiT training pass: memory in GiB, times in seconds, ``status`` ``ok`` or the
-    failure."""
-    info = result.get('info') or {}
-    row = dict(variant=variant, arch=result['model'], size=list(result['size']),
-               batch=result['batch'], device=result['device'], threads=result.get('threads'),
-               **{k: info.get(k) for k in ('window_size', 'global_blocks', 'blocks', 'with_cp',
-                                           'tokens')})
-    if result.get('error'):
-        return dict(row, status=f'failed: {result["error"]}')
-    seconds = [round(t / 1e3, 2) for t in result.get('latencies_ms') or []]
-    return dict(row, status='ok', base_gb=_gib(result['mem_before_mib']),
-                peak_gb=_gib(result['mem_peak_mib']), added_gb=_gib(result['peak_mem_mib']),
-                tensor_peak_gb=_gib(result.get('tensor_peak_mib')),
-                seconds=None if result['latency_ms'] is None else round(result['latency_ms'] / 1e3, 2),
-                cpu_seconds=None if result['cpu_ms'] is None else round(result['cpu_ms'] / 1e3, 2),
-                all_seconds=seconds)
-
-
-def cait_variants_markdown(rows: List[dict], arch: str, batch: int, size: Sequence[int],
-                           device: str) -> str:
-    """``tools/benchmark_memory.py``'s table: one line per attention variant."""
-    unit = 'CUDA max allocated' if device == 'cuda' else 'peak RSS'
-    threads = next((r.get('threads') for r in rows if r.get('threads')), None)
-    title = (f'CaiT-{arch}, {batch}x3x{size[0]}x{size[1]}, forward + backward, {device}'
-             + (f', {threads} threads' if device == 'cpu' and threads else ''))
-    body = []
-    for r in rows:
-        gb = r.get('global_blocks')
-        gb = 'all' if gb and len(gb) == r.get('blocks') else ', '.join(map(str, gb or []))
-        body.append([r['variant'], gb, r.get('blocks', '')] + [
-            fmt(r.get(k), 2) for k in ('peak_gb', 'base_gb', 'added_gb', 'tensor_peak_gb',
-                                       'seconds', 'cpu_seconds')] + [r['status']])
-    return '\n'.join([title] + markdown_table(
-        ['variant', 'global blocks', 'blocks', f'{unit} (GiB)', 'model + input (GiB)',
-         'added (GiB)', 'tensor peak (GiB)', 'time (s)', 'CPU time (s)', 'status'], body))

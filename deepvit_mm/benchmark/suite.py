@@ -1,7 +1,8 @@
 """Grids of measurements, each isolated, with a progress line per result: what the tools run."""
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from .measure import COMPARE_MODES, Case, compare, measure_isolated
+from .compare import compare
+from .measure import COMPARE_MODES, Case, measure_isolated
 from .report import fmt, size_str
 
 __all__ = ['measure_grid', 'compare_grid']

@@ -28,7 +28,7 @@ from typing import Dict, Sequence, Tuple
 import cv2
 import numpy as np
 
-from .shapes import _MIN_CONTRAST, SHAPE_CLASSES, DatasetError, _background, _shape_mask
+from .shapes import MIN_CONTRAST, SHAPE_CLASSES, DatasetError, background, shape_mask
 
 __all__ = ['ADE_DEMO_CLASSES', 'ADE_DEMO_LABELS', 'make_ade_demo', 'check_ade_dataset']
 
@@ -66,13 +66,13 @@ def _horizon(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
 
 
 def _thing_colour(rng: np.random.Generator, thing: str, under: np.ndarray) -> np.ndarray:
-    """An RGB colour in the thing's hue band, at least ``_MIN_CONTRAST`` from ``under``."""
+    """An RGB colour in the thing's hue band, at least ``MIN_CONTRAST`` from ``under``."""
     colour = under
     for _ in range(50):
         hsv = np.array([[[rng.uniform(*_HUE_BAND[thing]) / 2, rng.uniform(128, 255),
                           rng.uniform(110, 255)]]], np.float32)  # OpenCV: hue in [0, 180)
         colour = cv2.cvtColor(hsv.astype(np.uint8), cv2.COLOR_HSV2RGB)[0, 0].astype(np.float64)
-        if np.linalg.norm(colour - under) >= _MIN_CONTRAST:
+        if np.linalg.norm(colour - under) >= MIN_CONTRAST:
             break
     return colour
 
@@ -81,7 +81,7 @@ def _thing_mask(rng: np.random.Generator, cls: int, h: int, w: int) -> np.ndarra
     """A shape from the shapes generator, placed so that most of it lies inside ``h x w``."""
     mask = None
     for _ in range(10):
-        full = _shape_mask(rng, cls, max(h, w))
+        full = shape_mask(rng, cls, max(h, w))
         mask = full[:h, :w]
         if mask.sum() >= 0.6 * full.sum():
             break
@@ -91,7 +91,7 @@ def _thing_mask(rng: np.random.Generator, cls: int, h: int, w: int) -> np.ndarra
 def _make_scene(rng: np.random.Generator, h: int, w: int) -> Tuple[np.ndarray, np.ndarray]:
     """One ``(h, w, 3)`` uint8 RGB image and its ``(h, w)`` uint8 ADE20k label map."""
     sky = _horizon(rng, h, w)
-    img = np.where(sky[..., None], _background(rng, max(h, w))[:h, :w], _floor(rng, h, w))
+    img = np.where(sky[..., None], background(rng, max(h, w))[:h, :w], _floor(rng, h, w))
     label = np.where(sky, ADE_DEMO_LABELS['sky'], ADE_DEMO_LABELS['floor']).astype(np.uint8)
     for _ in range(int(rng.integers(2, 6))):
         cls = int(rng.choice(len(SHAPE_CLASSES), p=_SHAPE_P))

@@ -26,7 +26,7 @@ class DatasetError(ValueError):
     """A dataset directory that cannot be used; the message says what is wrong and the fix."""
 
 
-def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+def background(rng: np.random.Generator, size: int) -> np.ndarray:
     c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
     angle = rng.uniform(0, 2 * np.pi)
     yy, xx = np.mgrid[0:size, 0:size] / max(size - 1, 1)
@@ -36,7 +36,7 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     return img + rng.normal(0, 8, (size, size, 3))
 
 
-def _shape_mask(rng: np.random.Generator, cls: int, size: int) -> np.ndarray:
+def shape_mask(rng: np.random.Generator, cls: int, size: int) -> np.ndarray:
     s = rng.uniform(24, 96)
     r = s / 2
     cx, cy = rng.uniform(r + 1, size - r - 1, 2)
@@ -53,24 +53,24 @@ def _shape_mask(rng: np.random.Generator, cls: int, size: int) -> np.ndarray:
 
 
 def _contrasting_colour(rng: np.random.Generator, under: np.ndarray) -> np.ndarray:
-    """A colour at least ``_MIN_CONTRAST`` (RGB distance) from what it is painted over."""
+    """A colour at least ``MIN_CONTRAST`` (RGB distance) from what it is painted over."""
     colour = rng.uniform(0, 255, 3)
     for _ in range(50):
-        if np.linalg.norm(colour - under) >= _MIN_CONTRAST:
+        if np.linalg.norm(colour - under) >= MIN_CONTRAST:
             break
         colour = rng.uniform(0, 255, 3)
     return colour
 
 
-_MIN_CONTRAST = 90.0
+MIN_CONTRAST = 90.0
 
 
 def _make_image(rng: np.random.Generator, size: int):
-    img = _background(rng, size)
+    img = background(rng, size)
     objs = []  # (class, full mask, visible mask)
     for _ in range(int(rng.integers(1, 5))):
         cls = int(rng.integers(0, len(SHAPE_CLASSES)))
-        mask = _shape_mask(rng, cls, size)
+        mask = shape_mask(rng, cls, size)
         colour = _contrasting_colour(rng, img[mask > 0].mean(0))
         img[mask > 0] = colour + rng.normal(0, 6, (int(mask.sum()), 3))
         for _, _, vis in objs:

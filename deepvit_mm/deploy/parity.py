@@ -10,18 +10,19 @@ from typing import Dict, List, Sequence
 import numpy as np
 import torch
 
+from ..benchmark.compare import max_rel_err as tensors_max_rel_err
+
 __all__ = ['max_rel_err', 'match_detections', 'check_export']
 
 
 def max_rel_err(reference: Sequence[torch.Tensor], outputs: Sequence[np.ndarray]) -> float:
     """Largest relative difference of ``outputs`` from ``reference`` (same order and shapes)."""
-    from ..benchmark.measure import _max_rel_err
     if len(reference) != len(outputs):
         raise ValueError(f'{len(outputs)} outputs for {len(reference)} reference tensors')
     for r, o in zip(reference, outputs):
         if tuple(r.shape) != tuple(o.shape):
             raise ValueError(f'output shape {tuple(o.shape)} != PyTorch\'s {tuple(r.shape)}')
-    return _max_rel_err([torch.as_tensor(o) for o in outputs], list(reference))
+    return tensors_max_rel_err([torch.as_tensor(o) for o in outputs], list(reference))
 
 
 def match_detections(ref_boxes: torch.Tensor, ref_scores: torch.Tensor, ref_labels: torch.Tensor,

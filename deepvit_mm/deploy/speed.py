@@ -23,14 +23,14 @@ __all__ = ['compare_onnxruntime']
 
 
 def _interleaved(runs: Dict[str, Callable[[], object]], warmup: int, repeats: int) -> Dict[str, List[float]]:
-    from ..benchmark.measure import _time_calls
+    from ..benchmark.measure import time_calls
     for run in runs.values():
-        _time_calls(run, 'cpu', warmup)
+        time_calls(run, 'cpu', warmup)
     names = list(runs)
     times: Dict[str, List[float]] = {k: [] for k in names}
     for i in range(repeats):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            times[name] += _time_calls(runs[name], 'cpu', 1)
+            times[name] += time_calls(runs[name], 'cpu', 1)
     return times
 
 
@@ -59,12 +59,12 @@ def compare_onnxruntime(config: str, sizes: Sequence[Tuple[int, int]], backbone_
         ``speedup`` (PyTorch / ONNX Runtime), ``max_rel_err`` (maps only), every call's time
         (``*_all_ms``), ``dynamic``, ``export_s``.
     """
-    from ..benchmark.measure import _threads
+    from ..benchmark.measure import torch_threads
     model, task = load_model(config, None, cfg_options, backbone_only)
     wrapper = wrap_for_export(model, task, backbone_only)
     part = 'backbone' if backbone_only else {'seg': 'segmentor', 'det': 'detector'}[task]
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, _threads(threads):
+    with tempfile.TemporaryDirectory() as tmp, torch_threads(threads):
         folder = work_dir or tmp
         session, export_s = None, None
         for size in sizes:

@@ -1,8 +1,8 @@
 """Peak memory of one training step (CPU), with and without gradient checkpointing.
 
 Each measurement runs in a fresh process (deepvit_mm.benchmark.run_isolated):
-    python tools/memory_train_step.py configs/mask_rcnn_xcit_s12_8_3x.py            # both
-    python tools/memory_train_step.py CONFIG --with-cp on --height 800 --width 1344  # one
+    python tools/analysis/memory_train_step.py configs/mask_rcnn_xcit_s12_8_3x.py            # both
+    python tools/analysis/memory_train_step.py CONFIG --with-cp on --height 800 --width 1344  # one
 
 Prints one line per measurement and, last, the results as JSON (a list for "both", else one dict).
 How the peak is taken: docs/benchmark.md.
@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from mmengine.config import DictAction  # noqa: E402
 

@@ -6,12 +6,12 @@ memory vs input resolution) into --out-dir and prints the command line that repr
 every setting spelled out.
 
 Examples:
-  python tools/benchmark.py --arch small_12_p8 small_12_p16 --sizes 512 1024
-  python tools/benchmark.py --arch small_12_p8 --sizes 800x1344 --compare-timm
-  python tools/benchmark.py --arch xxs24 --sizes 224 --compare-timm --compare-floor --compare-only
-  python tools/benchmark.py --config configs/upernet_xcit_s12_8_160k_ade20k.py --sizes 512 \\
+  python tools/analysis/benchmark.py --arch small_12_p8 small_12_p16 --sizes 512 1024
+  python tools/analysis/benchmark.py --arch small_12_p8 --sizes 800x1344 --compare-timm
+  python tools/analysis/benchmark.py --arch xxs24 --sizes 224 --compare-timm --compare-floor --compare-only
+  python tools/analysis/benchmark.py --config configs/upernet_xcit_s12_8_160k_ade20k.py --sizes 512 \\
       --checkpoint upernet_xcit_small_12_p8.pth       # + mIoU on ADE20k val (single-scale)
-  python tools/benchmark.py --quick                   # tiny model and sizes, one repeat
+  python tools/analysis/benchmark.py --quick                   # tiny model and sizes, one repeat
 
 How it measures (docs/benchmark.md; the harness is deepvit_mm/benchmark/): latency is the median
 of --repeats timed calls after --warmup calls (the first call measures memory and counts as a
@@ -33,7 +33,7 @@ import os
 import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from mmengine.config import DictAction  # noqa: E402
 
@@ -120,7 +120,7 @@ def parse_args(argv=None):
 
 def command_line(args) -> str:
     """The command that reproduces this run, with every setting spelled out."""
-    parts = ['python', 'tools/benchmark.py']
+    parts = ['python', 'tools/analysis/benchmark.py']
     if args.arch:
         parts += ['--arch', *args.arch]
     if args.config:

@@ -7,7 +7,7 @@ interleaved call by call (deepvit_mm/benchmark's timing); medians are printed as
 with the outputs' largest relative difference, followed by the command line.
 
 Example (docs/deployment.md):
-  OMP_NUM_THREADS=1 python tools/deploy/benchmark_onnx.py configs/sem_fpn_xcit_s12_8_80k_ade20k.py \\
+  OMP_NUM_THREADS=1 python tools/analysis/benchmark_onnx.py configs/sem_fpn_xcit_s12_8_80k_ade20k.py \\
       configs/sem_fpn_xcit_s12_16_80k_ade20k.py --parts backbone segmentor --sizes 512 800x1344
 """
 import argparse
@@ -70,7 +70,7 @@ def main(argv=None):
         + ' '.join(f'{t:.0f}' for t in r['pytorch_all_ms']) + ', ORT '
         + ' '.join(f'{t:.0f}' for t in r['onnxruntime_all_ms']) for r in rows))
     print('command: ' + ' '.join(shlex.quote(a) for a in
-                                 ['python', 'tools/deploy/benchmark_onnx.py', *sys.argv[1:]]))
+                                 ['python', 'tools/analysis/benchmark_onnx.py', *sys.argv[1:]]))
 
 
 if __name__ == '__main__':

@@ -29,14 +29,16 @@ When the full depth does not fit, --out-indices (taps on earlier blocks prune th
 the full model's peak and time follow (memory and time are linear in the number of blocks of each
 kind; check the fit on one more pruned run).
 
-    python tools/benchmark_memory.py --arch s24 --size 800 1344
+    python tools/analysis/benchmark_memory.py --arch s24 --size 800 1344
 """
 import argparse
 import json
 import os
 import sys
+from typing import List, Optional, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from deepvit_mm.benchmark.report import fmt, markdown_table  # noqa: E402
 
 VARIANTS = ('global', 'global+cp', 'window', 'window+cp')
 
@@ -81,9 +83,52 @@ def variant_case(args, variant: str):
                 mem_limit_gib=args.mem_limit_gb if args.device == 'cpu' else 0.0)
 
 
+def _gib(mib: Optional[float]) -> Optional[float]:
+    return None if mib is None else round(mib / 1024, 2)
+
+
+def cait_variant_row(variant: str, result: dict) -> dict:
+    """One row of this tool's table (and ``--json``) from ``measure``'s
+    result for a CaiT training pass: memory in GiB, times in seconds, ``status`` ``ok`` or the
+    failure."""
+    info = result.get('info') or {}
+    row = dict(variant=variant, arch=result['model'], size=list(result['size']),
+               batch=result['batch'], device=result['device'], threads=result.get('threads'),
+               **{k: info.get(k) for k in ('window_size', 'global_blocks', 'blocks', 'with_cp',
+                                           'tokens')})
+    if result.get('error'):
+        return dict(row, status=f'failed: {result["error"]}')
+    seconds = [round(t / 1e3, 2) for t in result.get('latencies_ms') or []]
+    return dict(row, status='ok', base_gb=_gib(result['mem_before_mib']),
+                peak_gb=_gib(result['mem_peak_mib']), added_gb=_gib(result['peak_mem_mib']),
+                tensor_peak_gb=_gib(result.get('tensor_peak_mib')),
+                seconds=None if result['latency_ms'] is None else round(result['latency_ms'] / 1e3, 2),
+                cpu_seconds=None if result['cpu_ms'] is None else round(result['cpu_ms'] / 1e3, 2),
+                all_seconds=seconds)
+
+
+def cait_variants_markdown(rows: List[dict], arch: str, batch: int, size: Sequence[int],
+                           device: str) -> str:
+    """This tool's table: one line per attention variant."""
+    unit = 'CUDA max allocated' if device == 'cuda' else 'peak RSS'
+    threads = next((r.get('threads') for r in rows if r.get('threads')), None)
+    title = (f'CaiT-{arch}, {batch}x3x{size[0]}x{size[1]}, forward + backward, {device}'
+             + (f', {threads} threads' if device == 'cpu' and threads else ''))
+    body = []
+    for r in rows:
+        gb = r.get('global_blocks')
+        gb = 'all' if gb and len(gb) == r.get('blocks') else ', '.join(map(str, gb or []))
+        body.append([r['variant'], gb, r.get('blocks', '')] + [
+            fmt(r.get(k), 2) for k in ('peak_gb', 'base_gb', 'added_gb', 'tensor_peak_gb',
+                                       'seconds', 'cpu_seconds')] + [r['status']])
+    return '\n'.join([title] + markdown_table(
+        ['variant', 'global blocks', 'blocks', f'{unit} (GiB)', 'model + input (GiB)',
+         'added (GiB)', 'tensor peak (GiB)', 'time (s)', 'CPU time (s)', 'status'], body))
+
+
 def main(argv=None):
     args = parse_args(argv)
-    from deepvit_mm.benchmark import cait_variant_row, cait_variants_markdown, measure_isolated
+    from deepvit_mm.benchmark import measure_isolated
     rows = []
     for v in [args.worker] if args.worker else args.variants:
         row = cait_variant_row(v, measure_isolated(variant_case(args, v), timeout=args.timeout))

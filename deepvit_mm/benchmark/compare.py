@@ -1,0 +1,144 @@
+"""Our backbone against baselines, in one process, interleaved call by call.
+
+``compare`` times our backbone against baselines (``baselines.BASELINES``: timm's
+``forward_intermediates`` + the same adapter; the GEMM floor) for each pass and dtype, with
+``measure``'s timing and memory, and checks that outputs meant to be equal are
+(``max_rel_err``).
+"""
+import statistics
+from contextlib import contextmanager
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from .baselines import BASELINES
+from .batches import backbone_input
+from .measure import (
+    COMPARE_MODES,
+    Case,
+    autocast_for,
+    measure_isolated,
+    pass_runner,
+    time_calls,
+    torch_threads,
+)
+from .memory import peak_memory
+from .models import build_backbone
+
+__all__ = ['max_rel_err', 'compare']
+
+
+def max_rel_err(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    """max over levels of ``max|a - b| / max|b|`` (relative to each level's scale)."""
+    return max(float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-12))
+               for x, y in zip(a, b))
+
+
+@contextmanager
+def _no_tf32():
+    """Full float32 precision for CUDA convs and matmuls inside the block."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _err_key(name: str, dtype: str) -> str:
+    prefix = '' if name == 'timm' else f'{name}_'  # 'max_rel_err' stays timm's (older reports)
+    return f'{prefix}{"bf16_" if dtype == "bf16" else ""}max_rel_err'
+
+
+def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu',
+            threads: int = 0, warmup: int = 1, repeats: int = 3, memory: bool = True,
+            modes: Sequence[Tuple[str, str]] = COMPARE_MODES,
+            backbone_kwargs: Optional[dict] = None,
+            baselines: Sequence[str] = ('timm',)) -> dict:
+    """Our backbone against ``baselines`` (names of ``baselines.BASELINES``) built from it.
+
+    All get the same input; timing interleaves them call by call (rotating which goes first) so
+    that all see the same machine load. Memory (when ``memory``) is measured per implementation
+    in fresh processes (``measure_isolated``) on CPU, and in this process on CUDA
+    (``max_memory_allocated`` is exact per pass).
+
+    Args:
+        arch (str): A backbone arch (XCiT or CaiT).
+        size (tuple[int, int]): Input ``(H, W)``.
+        batch (int): Images per call. Default: 1.
+        device (str): ``cpu`` or ``cuda``. Default: ``cpu``.
+        threads (int): Torch threads while comparing (restored after); 0: torch's. Default: 0.
+        warmup (int): Untimed calls of each implementation per mode. Default: 1.
+        repeats (int): Timed calls of each implementation per mode. Default: 3.
+        memory (bool): Also measure each one's peak memory. Default: True.
+        modes (Sequence[tuple[str, str]]): ``(pass, dtype)`` pairs timed. Default: all four.
+        backbone_kwargs (dict, optional): The backbone's arguments (e.g. ``gram_xca=True``).
+        baselines (Sequence[str]): What ours is compared with. Default: ``('timm',)``.
+
+    Returns:
+        dict: the settings; ``max_rel_err`` (fp32 eval outputs, ours vs timm, see
+        ``max_rel_err``) and ``bf16_max_rel_err`` (when a bf16 mode is timed), for each baseline
+        whose outputs must equal ours; and for each mode, keyed ``{pass}_{dtype}``: ``ours_ms``
+        and ``{name}_ms`` (medians), ``ratio`` (ours / timm) and ``ratio_{name}`` (ours / any
+        other baseline), ``{impl}_mem_mib`` when ``memory`` (ours and the baselines whose
+        outputs equal ours).
+    """
+    backbone_kwargs = dict(backbone_kwargs or {})
+    device = str(device)
+    with torch_threads(threads):
+        torch.manual_seed(0)
+        ours = build_backbone(arch, **backbone_kwargs)
+        for m in ours.modules():  # non-trivial BN statistics, so that the check covers them
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.8, 1.2)
+        models = {'ours': ours}
+        for name in baselines:  # built from ours before it moves: copies its trunk weights
+            models[name] = BASELINES[name](ours, size, batch)
+        models = {k: m.to(device) for k, m in models.items()}
+        x = backbone_input(size, batch, device)
+        out = dict(model=arch, label=arch, size=tuple(size), batch=batch, device=device,
+                   threads=torch.get_num_threads(), warmup=warmup, repeats=repeats,
+                   fast_path=getattr(ours, ours.fast_path_name), baselines=list(baselines))
+        checked = [n for n in baselines if models[n].checks_output]
+        for m in models.values():
+            m.eval()
+        # the check is of the math: TF32 convs/matmuls (cuDNN's default on recent GPUs) would turn
+        # float32 rounding differences into ~1e-4 TF32 rounding flips in the adapter's convs
+        with torch.no_grad(), _no_tf32():
+            for dtype in ('fp32', 'bf16'):
+                if dtype == 'bf16' and not any(d == 'bf16' for _, d in modes):
+                    continue
+                with autocast_for(device, dtype):
+                    ref = ours(x)
+                    for name in checked:
+                        out[_err_key(name, dtype)] = max_rel_err(ref, models[name](x))
+
+        for mode, dtype in modes:
+            runs = {k: pass_runner(m, (lambda m=m: m(x)), mode, device, dtype)
+                    for k, m in models.items()}
+            for r in runs.values():
+                time_calls(r, device, warmup)
+            names = list(runs)
+            times: Dict[str, List[float]] = {k: [] for k in names}
+            for i in range(repeats):
+                for name in names[i % len(names):] + names[:i % len(names)]:
+                    times[name] += time_calls(runs[name], device, 1)
+            res = {f'{k}_ms': statistics.median(v) * 1e3 for k, v in times.items()}
+            for name in baselines:
+                res['ratio' if name == 'timm' else f'ratio_{name}'] = \
+                    res['ours_ms'] / res[f'{name}_ms']
+            # memory of what computes the same as ours (the floor's is not a model's)
+            mem_of = ['ours'] + checked if memory else []
+            if device.startswith('cuda'):
+                for k in mem_of:
+                    res[f'{k}_mem_mib'] = peak_memory(runs[k], device)[0]
+            else:
+                for k in mem_of:
+                    m = measure_isolated(Case(arch, size, batch, dtype, mode, device, threads,
+                                              warmup=0, repeats=0, impl=k,
+                                              cfg_options=backbone_kwargs))
+                    res[f'{k}_mem_mib'] = m.get('peak_mem_mib')
+            out[f'{mode}_{dtype}'] = res
+    return out

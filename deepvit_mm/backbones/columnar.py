@@ -7,6 +7,7 @@ convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_
 """
 import difflib
 import re
+import sys
 from typing import Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import torch
@@ -16,6 +17,7 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..consumers import FeatureLevels, check_model_around, paper_taps
 from ..pyramid import ColumnarPyramid
 from ..torch_compat import autocast_enabled
 from ..tracing import in_graph_capture
@@ -46,8 +48,10 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
 
     Args:
         arch (str): Short architecture name or timm's full model name.
-        out_indices (Sequence[int], optional): 0-based blocks to tap; default: the paper's.
-        out_strides (Sequence[int]): Strides of the pyramid levels. Default: (4, 8, 16, 32).
+        out_indices (Sequence[int], optional): 0-based blocks to tap, one per output stride;
+            default: the paper's taps of the strides asked for (``default_out_indices``).
+        out_strides (Sequence[int]): Strides of the pyramid levels; ``(8, 16, 32)`` feeds a
+            3-level neck or head. Default: (4, 8, 16, 32).
         drop_path_rate (float, optional): Stochastic depth; default: the paper's for ``arch``.
         norm_cfg (dict): Norm layers of the conv parts (trunk BatchNorms and the adapter).
             Default: ``dict(type='BN', requires_grad=True)``; use ``SyncBN`` for multi-GPU.
@@ -129,6 +133,8 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         self.depth = spec.depth
         self.patch_size = spec.patch_size
         self.embed_dim = spec.embed_dim
+        if out_indices is None:  # the paper's taps of the strides asked for
+            out_indices = self.default_out_indices(self.arch, out_strides)
         self.out_indices = self._check_out_indices(out_indices, spec)
         self.norm_cfg = norm_cfg or dict(type='BN', requires_grad=True)
         self.pad_to = max(max(out_strides), self.patch_size)
@@ -206,6 +212,29 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                              f'strictly increasing, e.g. {tuple(sorted(set(idx)))}.')
         return idx
 
+    # ----------------------------------------------------------------- what a neck or head reads
+    _consumers_checked: bool = False  # set once the model around this backbone was checked
+
+    @classmethod
+    def default_out_indices(cls, arch: str,
+                            out_strides: Sequence[int] = (4, 8, 16, 32)) -> Tuple[int, ...]:
+        """The paper's taps of ``out_strides`` (increasing, out of 4/8/16/32), e.g.
+        ``XCiT.default_out_indices('small_12_p16', (8, 16, 32)) == (5, 7, 11)``."""
+        arch = cls.resolve_arch(arch)
+        return paper_taps(f'{cls.__name__}({arch})', cls.arch_zoo[arch].out_indices, out_strides)
+
+    @classmethod
+    def feature_levels(cls, arch: str, out_strides: Sequence[int] = (4, 8, 16, 32),
+                       out_indices: Optional[Sequence[int]] = None) -> FeatureLevels:
+        """What the backbone built with these arguments feeds a neck or head, per level:
+        ``channels`` (a neck's ``in_channels``), ``strides``, ``out_indices``; e.g.
+        ``XCiT.feature_levels('small_12_p8').channels == [384, 384, 384, 384]``."""
+        arch = cls.resolve_arch(arch)
+        taps = cls.default_out_indices(arch, out_strides) if out_indices is None \
+            else tuple(out_indices)
+        return FeatureLevels(channels=[cls.arch_zoo[arch].embed_dim] * len(taps),
+                             strides=tuple(out_strides), out_indices=taps)
+
     @staticmethod
     def _convert_batchnorms(module: nn.Module, norm_cfg: dict) -> None:
         """timm hard-codes ``nn.BatchNorm2d`` in conv parts; rebuild them from ``norm_cfg``
@@ -280,6 +309,8 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             batch gives empty maps.
         """
         check_input(self, x)
+        if not self._consumers_checked and not in_graph_capture():
+            check_model_around(self, sys._getframe())  # the neck's or heads' channels, once
         if x.shape[0] == 0:
             return self._empty_output(x)
         h, w = x.shape[-2:]

@@ -1,0 +1,265 @@
+"""Whether the neck or heads that read a columnar backbone were built for its levels.
+
+A columnar backbone (XCiT, CaiT) feeds every level with ``embed_dim`` channels, where the stock
+mmdet/mmseg configs it is swapped into were written for a ResNet's 256/512/1024/2048 and, for
+some, for three of its four levels. Built with the stock numbers, the neck or head fails deep in
+its forward pass with a convolution's shape error (or a bare ``AssertionError`` for a wrong number
+of levels) that does not say which config key to change. ``check_consumers`` compares what the
+consumers were built for with what the backbone gives before anything runs, and names the keys.
+
+The consumers read are the ones mmdet 3.x and mmseg 1.x models have: ``model.neck`` when there is
+one (any neck with a list ``in_channels``: FPN, PAFPN, ChannelMapper, mmseg's FPN...), otherwise
+the heads fed by the backbone directly: mmseg's decode and auxiliary heads (``in_channels``,
+``in_index``, ``input_transform``; K-Net's kernel generating head; DeepLabV3+'s stride-4 ``c1``
+input; cascades such as OCRNet) and MaskFormer/Mask2Former heads (mmdet's and mmseg's, through
+their pixel decoder). Anything else is not judged.
+
+The backbones call ``check_model_around`` once, at their first forward; ``check_consumers(model)``
+can also be called on a built model.
+"""
+from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+import torch.nn as nn
+
+__all__ = ['ChannelMismatchError', 'FeatureLevels', 'PAPER_STRIDES', 'paper_taps', 'check_consumers',
+           'check_model_around', 'consumer_problems', 'find_owner']
+
+#: the strides of the four taps the papers use (XCiT appendix B.2), finest first
+PAPER_STRIDES = (4, 8, 16, 32)
+
+
+class FeatureLevels(NamedTuple):
+    """What a backbone feeds its neck or heads, one entry per level.
+
+    Attributes:
+        channels (list[int]): Channels of each level (a neck's or head's ``in_channels``).
+        strides (tuple[int]): Stride of each level.
+        out_indices (tuple[int]): The 0-based trunk block tapped for each level.
+    """
+    channels: List[int]
+    strides: Tuple[int, ...]
+    out_indices: Tuple[int, ...]
+
+
+def paper_taps(name: str, taps: Sequence[int], out_strides: Sequence[int]) -> Tuple[int, ...]:
+    """The paper's taps for ``out_strides``: all four for four levels (whatever their strides,
+    as before there was a choice), else the tap of each stride.
+
+    Args:
+        name (str): The backbone, for messages (``XCiT(nano_12_p16)``).
+        taps (Sequence[int]): The paper's four taps, for strides ``PAPER_STRIDES``.
+        out_strides (Sequence[int]): Strides asked for: four, or fewer, increasing, out of
+            ``PAPER_STRIDES``.
+
+    Returns:
+        tuple[int]: One 0-based block per stride, e.g. ``(5, 7, 11)`` for ``(8, 16, 32)`` of a
+        12-block XCiT.
+    """
+    strides = tuple(out_strides)
+    if len(strides) == len(taps):
+        return tuple(taps)
+    if not strides or any(s not in PAPER_STRIDES for s in strides) or \
+            any(a >= b for a, b in zip(strides, strides[1:])):
+        raise ValueError(
+            f'{name}: out_strides={strides} has no default out_indices: the paper taps one block '
+            f'per stride of {PAPER_STRIDES} ({tuple(taps)}), so increasing strides out of those take '
+            'their taps by default (e.g. out_strides=(8, 16, 32)); for others give out_indices, '
+            'one strictly increasing 0-based block per stride.')
+    return tuple(taps[PAPER_STRIDES.index(s)] for s in strides)
+
+
+class ChannelMismatchError(ValueError):
+    """A neck or head was built for other channels (or levels) than the backbone feeds it."""
+
+
+def find_owner(module: nn.Module, frame, max_depth: int = 8) -> Optional[nn.Module]:
+    """The model holding ``module``, found among the callers' ``self``.
+
+    A module has no reference to the model around it; mmdet's and mmseg's models call
+    ``self.backbone(x)`` from their own methods (``extract_feat``), so the model is the first
+    caller's ``self`` that has ``module`` as a direct child.
+
+    Args:
+        module (nn.Module): The backbone.
+        frame (frame): The frame to start from (the backbone's ``forward``).
+        max_depth (int): Callers looked at. Default: 8 (``forward`` is 3 frames below the
+            model's method: ``_call_impl``, ``_wrapped_call_impl``).
+
+    Returns:
+        nn.Module | None: The model, or None when none of the callers holds ``module``.
+    """
+    for _ in range(max_depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get('self')
+        if isinstance(owner, nn.Module) and owner is not module and \
+                any(child is module for child in owner.children()):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def check_model_around(backbone: nn.Module, frame) -> None:
+    """At a backbone's first forward: the model calling it (``find_owner`` from ``frame``, the
+    frame of the backbone's ``forward``) has a neck or heads built for its levels, else
+    ``ChannelMismatchError`` naming the config keys to set. A backbone called alone is not
+    judged. Marks the backbone checked either way."""
+    owner = find_owner(backbone, frame)
+    if owner is not None:
+        check_consumers(owner, backbone)
+    backbone._consumers_checked = True
+
+
+def check_consumers(model: nn.Module, backbone: Optional[nn.Module] = None) -> None:
+    """Raise ``ChannelMismatchError`` when the model's neck or heads do not fit its backbone.
+
+    Args:
+        model (nn.Module): A built detector or segmentor.
+        backbone (nn.Module, optional): The backbone whose levels are compared (it has
+            ``out_channels``, ``out_strides`` and ``arch``). Default: ``model.backbone``.
+
+    Raises:
+        ChannelMismatchError: naming each mismatched module, what it was built for, and the
+            config keys that fix it.
+    """
+    backbone = model.backbone if backbone is None else backbone
+    problems = consumer_problems(model, list(backbone.out_channels))
+    if not problems:
+        return
+    channels, strides = list(backbone.out_channels), tuple(backbone.out_strides)
+    name = type(backbone).__name__
+    raise ChannelMismatchError(
+        f"{name}(arch={backbone.arch!r}) feeds {len(channels)} levels of {channels} channels at "
+        f'strides {strides} ({name}.feature_levels({backbone.arch!r}, out_strides={strides})), '
+        'but the modules that read them were built for others:\n  '
+        + '\n  '.join(problems))
+
+
+def consumer_problems(model: nn.Module, channels: Sequence[int]) -> List[str]:
+    """One line per consumer of ``model.backbone`` that does not fit ``channels`` (per level)."""
+    channels = list(channels)
+    neck = getattr(model, 'neck', None)
+    if isinstance(neck, nn.Module):
+        consumers = [('model.neck', neck)]
+    else:
+        consumers = []
+        for attr in ('decode_head', 'auxiliary_head', 'panoptic_head'):
+            head = getattr(model, attr, None)
+            if isinstance(head, nn.ModuleList):  # mmseg's cascades and lists of auxiliary heads
+                consumers += [(f'model.{attr}[{i}]', h) for i, h in enumerate(head)]
+            elif isinstance(head, nn.Module):
+                consumers.append((f'model.{attr}', head))
+    problems = []
+    for key, module in consumers:
+        problems += _problems(key, module, channels)
+    return problems
+
+
+# ---------------------------------------------------------------------------------- per consumer
+def _problems(key: str, module: nn.Module, channels: List[int]) -> List[str]:
+    what = f'{key} ({type(module).__name__})'
+    generator = getattr(module, 'kernel_generate_head', None)  # mmseg's K-Net
+    if isinstance(generator, nn.Module):
+        return _problems(f'{key}.kernel_generate_head', generator, channels)
+    if _is_mmseg_decode_head(module):
+        return _decode_head_problems(key, what, module, channels)
+    decoder = getattr(module, 'pixel_decoder', None)  # MaskFormer / Mask2Former (mmdet, mmseg)
+    if isinstance(decoder, nn.Module):
+        built = _pixel_decoder_channels(decoder)
+        return [] if built is None else _list_problems(key, what, built, channels, 'in_channels')
+    built = getattr(module, 'in_channels', None)
+    convs = getattr(module, 'convs', None)
+    if built is None and isinstance(convs, nn.ModuleList):  # mmdet's ChannelMapper keeps convs only
+        built = [_first_conv_in_channels(c) for c in convs]
+    if _is_int_list(built):  # a neck: one entry per backbone level
+        used = range(getattr(module, 'start_level', 0),
+                     getattr(module, 'backbone_end_level', len(built)))  # FPN reads these
+        return _list_problems(key, what, list(built), channels, 'in_channels', used)
+    return []
+
+
+def _list_problems(key: str, what: str, built: List[int], channels: List[int], arg: str,
+                   used: Optional[Sequence[int]] = None) -> List[str]:
+    n, c = len(channels), channels[0]
+    if len(built) != n:
+        if len(built) <= len(PAPER_STRIDES):  # the coarsest ones, as 3-level necks read a ResNet
+            levels = f'out_strides={PAPER_STRIDES[-len(built):]}'
+        else:
+            levels = 'out_strides and out_indices (one per entry)'
+        return [f'{what}: {arg}={built} reads {len(built)} levels, the backbone gives {n}. Set '
+                f'{key}.{arg}={[c] * len(built)} and the backbone\'s {levels}, or '
+                f'{key}.{arg}={channels} for all {n} levels (and its other per-level settings).']
+    used = range(len(built)) if used is None else used
+    if any(built[i] != channels[i] for i in used):
+        return [f'{what}: {arg}={built}. Set {key}.{arg}={channels}.']
+    return []
+
+
+def _decode_head_problems(key: str, what: str, head: nn.Module, channels: List[int]) -> List[str]:
+    n, index, transform = len(channels), head.in_index, head.input_transform
+    indices = list(index) if isinstance(index, (list, tuple)) else [index]
+    bad = [i for i in indices if not -n <= i < n]
+    if bad:
+        return [f'{what}: in_index={index} reads level(s) {bad}, the backbone gives {n} levels '
+                f'(0..{n - 1}). Set {key}.in_index to levels that exist (the backbone\'s '
+                'out_strides decide which there are).']
+    want = [channels[i] for i in indices]
+    problems = []
+    if transform == 'resize_concat':
+        if head.in_channels != sum(want):
+            problems.append(f'{what}: concatenates in_index={index} into {head.in_channels} '
+                            f'channels, they have {sum(want)}. Set {key}.in_channels={want}.')
+    elif transform == 'multiple_select':
+        if list(head.in_channels) != want:
+            problems.append(f'{what}: in_channels={list(head.in_channels)} for in_index={index}. '
+                            f'Set {key}.in_channels={want}.')
+    elif head.in_channels != want[0]:
+        problems.append(f'{what}: in_channels={head.in_channels} for in_index={index}. '
+                        f'Set {key}.in_channels={want[0]}.')
+    c1 = getattr(head, 'c1_bottleneck', None)  # DeepLabV3+ also reads level 0 (stride 4)
+    if isinstance(c1, nn.Module):
+        built = _first_conv_in_channels(c1)
+        if built is not None and built != channels[0]:
+            problems.append(f'{what}: c1_in_channels={built} for level 0. '
+                            f'Set {key}.c1_in_channels={channels[0]}.')
+    return problems
+
+
+def _is_mmseg_decode_head(module: nn.Module) -> bool:
+    try:
+        from mmseg.models.decode_heads.decode_head import BaseDecodeHead
+    except ImportError:  # mmseg is optional for detection
+        return False
+    return isinstance(module, BaseDecodeHead)
+
+
+def _pixel_decoder_channels(decoder: nn.Module) -> Optional[List[int]]:
+    """The per-level input channels a MaskFormer/Mask2Former pixel decoder was built for."""
+    built = getattr(decoder, 'in_channels', None)  # PixelDecoder, TransformerEncoderPixelDecoder
+    if _is_int_list(built):
+        return list(built)
+    n = getattr(decoder, 'num_input_levels', None)  # MSDeformAttnPixelDecoder keeps only convs:
+    if not isinstance(n, int) or not hasattr(decoder, 'input_convs'):
+        return None
+    levels: List[Optional[int]] = [None] * n
+    # input_convs: the last num_encoder_levels levels, coarsest first; lateral_convs: the others,
+    # also coarsest first
+    for k, conv in enumerate(decoder.input_convs):
+        levels[n - 1 - k] = _first_conv_in_channels(conv)
+    lower = n - len(decoder.input_convs)
+    for k, conv in enumerate(getattr(decoder, 'lateral_convs', [])):
+        levels[lower - 1 - k] = _first_conv_in_channels(conv)
+    return None if None in levels else levels
+
+
+def _first_conv_in_channels(module: nn.Module) -> Optional[int]:
+    for m in module.modules():
+        if isinstance(m, nn.modules.conv._ConvNd):
+            return int(m.in_channels)
+    return None
+
+
+def _is_int_list(value) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and \
+        all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+

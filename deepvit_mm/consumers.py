@@ -107,7 +107,7 @@ def check_model_around(backbone: nn.Module, frame) -> None:
     owner = find_owner(backbone, frame)
     if owner is not None:
         check_consumers(owner, backbone)
-    backbone._consumers_checked = True
+    backbone.consumers_checked = True
 
 
 def check_consumers(model: nn.Module, backbone: Optional[nn.Module] = None) -> None:

@@ -314,7 +314,7 @@ def test_a_fitting_model_passes_and_is_checked_once(tmp_path, monkeypatch):
 def test_a_backbone_alone_is_not_checked():
     model = XCiT('nano_12_p16', out_strides=(16, 32))
     assert len(model(torch.randn(1, 3, 32, 32))) == 2
-    assert model._consumers_checked
+    assert model.consumers_checked
 
 
 def test_message_lists_every_mismatched_head(tmp_path):

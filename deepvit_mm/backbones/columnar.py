@@ -213,7 +213,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         return idx
 
     # ----------------------------------------------------------------- what a neck or head reads
-    _consumers_checked: bool = False  # set once the model around this backbone was checked
+    consumers_checked: bool = False  # set once the model around this backbone was checked
 
     @classmethod
     def default_out_indices(cls, arch: str,
@@ -309,7 +309,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             batch gives empty maps.
         """
         check_input(self, x)
-        if not self._consumers_checked and not in_graph_capture():
+        if not self.consumers_checked and not in_graph_capture():
             check_model_around(self, sys._getframe())  # the neck's or heads' channels, once
         if x.shape[0] == 0:
             return self._empty_output(x)

@@ -123,10 +123,10 @@ def check_consumers(model: nn.Module, backbone: Optional[nn.Module] = None) -> N
             config keys that fix it.
     """
     backbone = model.backbone if backbone is None else backbone
-    problems = consumer_problems(model, list(backbone.out_channels))
+    channels, strides = list(backbone.out_channels), tuple(backbone.out_strides)
+    problems = consumer_problems(model, channels)
     if not problems:
         return
-    channels, strides = list(backbone.out_channels), tuple(backbone.out_strides)
     name = type(backbone).__name__
     raise ChannelMismatchError(
         f"{name}(arch={backbone.arch!r}) feeds {len(channels)} levels of {channels} channels at "

@@ -200,8 +200,6 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         return name
 
     def _check_out_indices(self, out_indices, spec: ArchSpec) -> Tuple[int, ...]:
-        if out_indices is None:
-            return tuple(spec.out_indices)
         idx = tuple(int(i) for i in out_indices)
         if not idx or any(i < 0 or i >= spec.depth for i in idx):
             raise ValueError(f'{type(self).__name__}({self.arch}): out_indices {tuple(out_indices)} '

@@ -6,9 +6,9 @@ break inside the ranges, and checked here: numpy 2 beside a torch compiled again
 2.1 cannot exchange arrays with it; pip pulls numpy 2 in through the newest opencv-python).
 """
 from importlib import metadata
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
-from .version import FLOORS, LIMITS, SUPPORTED, TESTED
+from .version import FLOORS, LIMITS, SUPPORTED, TESTED, release
 
 __all__ = ['check_versions', 'version_problems', 'numpy_problem', 'tested_versions']
 
@@ -19,17 +19,9 @@ FIX = ('Set up a tested stack: `make setup` (torch 2.13.0) or `make setup STACK=
        '--no-build-isolation mmcv==2.1.0, or OpenMMLab\'s wheel for your torch)')
 
 
-def _parse(v: str) -> Tuple[int, ...]:
-    out = []
-    for part in v.split('+')[0].split('.')[:3]:
-        digits = ''.join(c for c in part if c.isdigit())
-        out.append(int(digits) if digits else 0)
-    return tuple(out + [0] * (3 - len(out)))
-
-
 def tested_versions(pkg: str) -> str:
     """``'2.1.2 and 2.13.0'``: the versions of ``pkg`` in the tested stacks."""
-    return ' and '.join(sorted({s[pkg] for s in TESTED.values()}, key=_parse))
+    return ' and '.join(sorted({s[pkg] for s in TESTED.values()}, key=release))
 
 
 def version_problems(installed: Optional[Dict[str, Optional[str]]] = None) -> List[str]:
@@ -46,8 +38,8 @@ def version_problems(installed: Optional[Dict[str, Optional[str]]] = None) -> Li
         need = f'need >={lo},<{hi}; tested: {tested_versions(pkg)}'
         if v is None:
             problems.append(f'{pkg} is not installed ({need})')
-        elif not _parse(lo) <= _parse(v) < _parse(hi):
-            reasons = LIMITS if _parse(v) >= _parse(hi) else FLOORS
+        elif not release(lo) <= release(v) < release(hi):
+            reasons = LIMITS if release(v) >= release(hi) else FLOORS
             why = f': {reasons[pkg]}' if pkg in reasons else ''
             problems.append(f'{pkg} {v} is not supported ({need}){why}')
     return problems

@@ -30,6 +30,8 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 
+from .version import release
+
 __all__ = [
     'TORCH_VERSION', 'is_compiling', 'is_exporting', 'autocast_enabled', 'autocast_dtype',
     'load_weights_only', 'RestrictedUnpickler', 'profiler_event_start_ns', 'flop_counter',
@@ -37,11 +39,7 @@ __all__ = [
 ]
 
 
-def _release(v: str) -> Tuple[int, ...]:
-    return tuple(int(''.join(c for c in p if c.isdigit()) or 0) for p in v.split('+')[0].split('.')[:3])
-
-
-TORCH_VERSION = _release(torch.__version__)
+TORCH_VERSION = release(torch.__version__)
 
 
 def is_compiling() -> bool:
@@ -150,7 +148,6 @@ def _restricted_pickle_module(allowed: Iterable[AllowedGlobal]) -> types.ModuleT
     module = types.ModuleType('deepvit_mm_restricted_pickle')
     module.Unpickler = unpickler
     module.load = lambda f, **kw: unpickler(f, **kw).load()
-    module.__name__ = 'deepvit_mm_restricted_pickle'
     return module
 
 

@@ -27,6 +27,17 @@ SUPPORTED = {
     'timm': ('1.0.16', '1.1.0'),
 }
 
+
+
+def release(version: str) -> tuple:
+    """``'2.1.2+cu121'`` -> ``(2, 1, 2)``: the first three numeric parts of a version, for the
+    comparisons against ``SUPPORTED`` (here, in deepvit_mm/_deps.py, torch_compat.py and
+    tools/setup_env.sh, which reads this file without importing the package)."""
+    out = [int(''.join(c for c in part if c.isdigit()) or 0)
+           for part in version.split('+')[0].split('.')[:3]]
+    return tuple(out + [0] * (3 - len(out)))
+
+
 # Why the range ends where it does, where more than "not tested" is known (measured 2026-11-25).
 LIMITS = {
     'torch': 'torch 2.14 cannot build mmcv 2.1.0: its headers need C++20 ("#error C++20 or later '

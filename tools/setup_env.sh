@@ -58,8 +58,7 @@ import sys, torch, torchvision
 from torchvision.ops import nms
 ns = {}
 exec(open('deepvit_mm/version.py').read(), ns)
-rel = lambda v: tuple(int(''.join(c for c in p if c.isdigit()) or 0) for p in v.split('+')[0].split('.')[:3])
-lo, hi = ns['SUPPORTED']['torch']
+rel, (lo, hi) = ns['release'], ns['SUPPORTED']['torch']
 sys.exit(0 if rel(lo) <= rel(torch.__version__) < rel(hi) else 1)
 PYEOF
 then

@@ -150,6 +150,25 @@ def test_disk_full_during_a_checkpoint_write_stops_with_one_message(shapes, tmp_
     assert find_resumable_checkpoint(str(wd)).endswith('iter_2.pth')
 
 
+def test_a_failed_last_checkpoint_write_keeps_the_old_one_and_leaves_no_temporary_file(
+        tmp_path, monkeypatch):
+    """``last_checkpoint`` is written beside a checkpoint, atomically: when that write fails,
+    the file keeps naming the previous checkpoint and its temporary file is removed."""
+    import errno
+
+    from deepvit_mm.runtime import hooks
+    marker = tmp_path / 'last_checkpoint'
+    marker.write_text('/old/iter_2.pth')
+
+    def full(tmp, final):
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    monkeypatch.setattr(hooks, '_commit', full)
+    with pytest.raises(OSError, match='No space left'):
+        hooks._write_text_atomically(str(marker), '/new/iter_4.pth')
+    assert os.listdir(tmp_path) == ['last_checkpoint']
+    assert marker.read_text() == '/old/iter_2.pth'
+
+
 def test_resume_skips_an_incomplete_last_checkpoint(tmp_path):
     torch.save({'state_dict': {'w': torch.ones(3)}, 'meta': {}}, tmp_path / 'iter_4.pth')
     torch.save({'state_dict': {'w': torch.ones(1000)}, 'meta': {}}, tmp_path / 'iter_8.pth')

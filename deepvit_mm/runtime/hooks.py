@@ -42,10 +42,17 @@ def _commit(tmp: str, final: str) -> None:
 
 
 def _write_text_atomically(path: str, text: str) -> None:
+    """``path`` holds ``text`` or, if writing fails, what it held before (no temporary file is
+    left)."""
     tmp = path + _TMP
-    with open(tmp, 'w') as f:
-        f.write(text)
-    _commit(tmp, path)
+    try:
+        with open(tmp, 'w') as f:
+            f.write(text)
+        _commit(tmp, path)
+    except OSError:
+        if osp.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 class CheckpointWriteError(RuntimeError):
@@ -117,7 +124,6 @@ class CrashSafeCheckpointHook(CheckpointHook):
         name = self.filename_tmpl.format(step)
         self.last_ckpt = self.file_backend.join_path(self.out_dir, name)
         runner.message_hub.update_info('last_ckpt', self.last_ckpt)
-        previous = _previous_checkpoint(runner.work_dir)
         try:
             runner.save_checkpoint(
                 self.out_dir, name + _TMP, self.file_client_args,
@@ -127,11 +133,10 @@ class CrashSafeCheckpointHook(CheckpointHook):
                 return
             _commit(self.last_ckpt + _TMP, self.last_ckpt)
             _write_text_atomically(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
-        except OSError as e:
-            for leftover in (self.last_ckpt + _TMP, osp.join(runner.work_dir, 'last_checkpoint' + _TMP)):
-                if osp.exists(leftover):
-                    os.remove(leftover)
-            raise _write_failed(self.last_ckpt, e, previous) from e
+        except OSError as e:  # last_checkpoint still names the previous complete checkpoint
+            if osp.exists(self.last_ckpt + _TMP):
+                os.remove(self.last_ckpt + _TMP)
+            raise _write_failed(self.last_ckpt, e, _previous_checkpoint(runner.work_dir)) from e
         if stale is not None:
             old = self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(stale))
             if self.file_backend.isfile(old):

@@ -266,7 +266,6 @@ def load_weights(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkp
     report.dropped.extend(dropped_outside)
     new_sd: Dict[str, torch.Tensor] = {}
     rest = dict(sd)
-    init_ok: List[str] = []
     backbones = weights_targets(model)
     for prefix, backbone in backbones:
         part = {k[len(prefix):]: rest.pop(k) for k in list(rest) if k.startswith(prefix)}
@@ -276,7 +275,6 @@ def load_weights(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkp
             part, rest = rest, {}
         if part:
             new_sd.update(_match_backbone(backbone, part, prefix, source, report))
-        init_ok += [prefix + p.lstrip('^') for p in backbone.init_ok_key_patterns()]
     for k, v in rest.items():
         if k not in target:
             report.skipped.append((k, 'not in the model'))

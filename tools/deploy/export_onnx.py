@@ -62,8 +62,9 @@ def main(argv=None):
         wrap_for_export,
     )
     from deepvit_mm.torch_compat import onnx_dynamo_export_problem
-    if onnx_dynamo_export_problem():  # before building anything
-        sys.exit(onnx_dynamo_export_problem())
+    problem = onnx_dynamo_export_problem()
+    if problem:  # before building anything
+        sys.exit(problem)
     checkpoint = None if args.checkpoint.lower() == 'none' else args.checkpoint
     model, task = load_model(args.config, checkpoint, args.cfg_options, args.backbone_only)
     wrapper = wrap_for_export(model, task, args.backbone_only)

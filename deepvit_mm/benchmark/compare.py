@@ -7,7 +7,7 @@
 """
 import statistics
 from contextlib import contextmanager
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -18,9 +18,9 @@ from .measure import (
     COMPARE_MODES,
     Case,
     autocast_for,
+    interleaved,
     measure_isolated,
     pass_runner,
-    time_calls,
     torch_threads,
 )
 from .memory import peak_memory
@@ -118,13 +118,7 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
         for mode, dtype in modes:
             runs = {k: pass_runner(m, (lambda m=m: m(x)), mode, device, dtype)
                     for k, m in models.items()}
-            for r in runs.values():
-                time_calls(r, device, warmup)
-            names = list(runs)
-            times: Dict[str, List[float]] = {k: [] for k in names}
-            for i in range(repeats):
-                for name in names[i % len(names):] + names[:i % len(names)]:
-                    times[name] += time_calls(runs[name], device, 1)
+            times = interleaved(runs, device, warmup, repeats)
             res = {f'{k}_ms': statistics.median(v) * 1e3 for k, v in times.items()}
             for name in baselines:
                 res['ratio' if name == 'timm' else f'ratio_{name}'] = \

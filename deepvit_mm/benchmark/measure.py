@@ -24,7 +24,7 @@ import statistics
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -189,6 +189,21 @@ def time_calls(run: Callable[[], None], device: str, n: int,
         times.append(time.perf_counter() - t0)
         if cpu_times is not None:
             cpu_times.append(time.process_time() - c0)
+    return times
+
+
+def interleaved(runs: Dict[str, Callable[[], None]], device: str, warmup: int,
+                repeats: int) -> Dict[str, List[float]]:
+    """``warmup`` untimed calls of each run, then ``repeats`` timed calls of each, interleaved
+    call by call with the order rotating, so that all see the same machine load: seconds per
+    call, by name."""
+    for run in runs.values():
+        time_calls(run, device, warmup)
+    names = list(runs)
+    times: Dict[str, List[float]] = {k: [] for k in names}
+    for i in range(repeats):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            times[name] += time_calls(runs[name], device, 1)
     return times
 
 

@@ -11,27 +11,16 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from ..benchmark.measure import interleaved
 from .export import example_input, export_onnx, load_model, onnxruntime_session, run_onnx
 from .parity import max_rel_err
 from .wrappers import DetectorForExport, wrap_for_export
 
 __all__ = ['compare_onnxruntime']
-
-
-def _interleaved(runs: Dict[str, Callable[[], object]], warmup: int, repeats: int) -> Dict[str, List[float]]:
-    from ..benchmark.measure import time_calls
-    for run in runs.values():
-        time_calls(run, 'cpu', warmup)
-    names = list(runs)
-    times: Dict[str, List[float]] = {k: [] for k in names}
-    for i in range(repeats):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            times[name] += time_calls(runs[name], 'cpu', 1)
-    return times
 
 
 def compare_onnxruntime(config: str, sizes: Sequence[Tuple[int, int]], backbone_only: bool = False,
@@ -89,7 +78,7 @@ def compare_onnxruntime(config: str, sizes: Sequence[Tuple[int, int]], backbone_
             if not isinstance(wrapper, DetectorForExport):
                 ref = eager()
                 err = max_rel_err(ref if isinstance(ref, tuple) else (ref,), onnx())
-            times = _interleaved({'pytorch': eager, 'onnxruntime': onnx}, warmup, repeats)
+            times = interleaved({'pytorch': eager, 'onnxruntime': onnx}, 'cpu', warmup, repeats)
             pt, ort = (statistics.median(times[k]) * 1e3 for k in ('pytorch', 'onnxruntime'))
             rows.append(dict(config=config, part=part, arch=model.backbone.arch, size=size,
                              threads=threads, pytorch_ms=pt, onnxruntime_ms=ort, speedup=pt / ort,

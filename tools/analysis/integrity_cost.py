@@ -1,5 +1,6 @@
 """What the checkpoint integrity checks cost, next to reading the file: the zip CRC-32 check, the
-SHA-256 of a cached download and ``torch.load(weights_only=True)``, interleaved in one process.
+SHA-256 of a cached download and ``torch.load(weights_only=True)``, interleaved in one process
+(the benchmark harness's ``interleaved``: one untimed call of each, then rotating order).
 
     python tools/analysis/integrity_cost.py [--mib 400] [--repeat 5] [CHECKPOINT]
 
@@ -12,7 +13,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -25,6 +25,7 @@ def main():
     args = p.parse_args()
     import torch
 
+    from deepvit_mm.benchmark.measure import interleaved
     from deepvit_mm.checkpoints.integrity import sha256_of, zip_problem
     tmp = None
     path = args.checkpoint
@@ -34,15 +35,11 @@ def main():
         torch.save({'state_dict': {f'w{i}': torch.randn(1024, 1024) for i in range(args.mib // 4)}},
                    path)
     try:
-        times = {'zip CRC-32 check': [], 'SHA-256': [], 'torch.load(weights_only=True)': []}
-        for _ in range(args.repeat):
-            for name, run in (('zip CRC-32 check', lambda: zip_problem(path)),
-                              ('SHA-256', lambda: sha256_of(path)),
-                              ('torch.load(weights_only=True)',
-                               lambda: torch.load(path, weights_only=True))):
-                t = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - t)
+        times = interleaved({'zip CRC-32 check': lambda: zip_problem(path),
+                             'SHA-256': lambda: sha256_of(path),
+                             'torch.load(weights_only=True)':
+                                 lambda: torch.load(path, weights_only=True)},
+                            'cpu', warmup=1, repeats=args.repeat)
         print(f'{path}: {os.path.getsize(path) / 2**20:.0f} MiB, torch {torch.__version__}, '
               f'{args.repeat} interleaved runs')
         for name, ts in times.items():

@@ -14,6 +14,7 @@
 Test files import the helpers (``from conftest import build_model``), as pytest puts ``tests/`` on
 ``sys.path``; fixtures need no import.
 """
+import contextlib
 import copy
 import http.server
 import os
@@ -159,12 +160,12 @@ def official_xcit_state_dict(timm_model: torch.nn.Module) -> dict:
 
 
 # ------------------------------------------------------------------------------ network
-@pytest.fixture
-def server(tmp_path):
-    """An HTTP server on 127.0.0.1 serving ``tmp_path/www``; counts the requests it answers."""
-    www = tmp_path / 'www'
-    www.mkdir()
-    hits = []
+@contextlib.contextmanager
+def serve(www):
+    """An HTTP server on 127.0.0.1 serving the folder ``www``: yields its URL, the paths of the
+    requests it answers, and ``cut``: ``cut[name] = n`` makes the next GET of ``name`` announce
+    the whole length, send ``n`` bytes and close the connection (a transfer that ends short)."""
+    hits, cut = [], {}
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *a, **k):
@@ -172,13 +173,40 @@ def server(tmp_path):
 
         def do_GET(self):
             hits.append(self.path)
-            return super().do_GET()
+            name = self.path.lstrip('/')
+            if name not in cut:
+                return super().do_GET()
+            data = (www / name).read_bytes()
+            self.send_response(200)
+            self.send_header('Content-Length', str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[:cut.pop(name)])
+            self.wfile.flush()
+            self.close_connection = True
 
         def log_message(self, *a):
             pass
     httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield www, f'http://127.0.0.1:{httpd.server_address[1]}', hits
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield f'http://127.0.0.1:{httpd.server_address[1]}', hits, cut
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    """``serve`` over ``tmp_path/www``: yields the folder, the URL and the requests' paths."""
+    www = tmp_path / 'www'
+    www.mkdir()
+    with serve(www) as (url, hits, _):
+        yield www, url, hits
+
+
+@pytest.fixture
+def hub_dir(tmp_path, monkeypatch):
+    """torch hub's folder moved under ``tmp_path`` for the test: its ``checkpoints`` folder."""
+    monkeypatch.setattr(torch.hub, '_hub_dir', str(tmp_path / 'hub'))  # restored after the test
+    return tmp_path / 'hub' / 'checkpoints'

@@ -2,28 +2,21 @@
 fetch and integrity). "Remote" files come from a loopback server; the hub from a cache laid out as
 huggingface_hub lays it out, offline."""
 import hashlib
-import http.server
 import json
 import os
 import random
 import subprocess
 import sys
-import threading
 import zipfile
 
 import pytest
 import torch
+from conftest import serve
 
 from deepvit_mm import XCiT
 from deepvit_mm.checkpoints import CheckpointError, read_checkpoint, resolve_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def hub_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.hub, '_hub_dir', str(tmp_path / 'hub'))  # restored after the test
-    return tmp_path / 'hub' / 'checkpoints'
 
 
 @pytest.fixture(scope='module')
@@ -41,34 +34,11 @@ def saved(tmp_path_factory):
 
 @pytest.fixture
 def flaky_server(tmp_path):
-    """Serves ``tmp_path/www``; ``cut[name] = n`` makes the next GET of ``name`` announce the
-    whole length, send ``n`` bytes and close the connection."""
+    """``conftest.serve`` over ``tmp_path/www``: the folder, the URL, ``cut``, the requests."""
     www = tmp_path / 'www'
     www.mkdir()
-    cut, hits = {}, []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            name = self.path.lstrip('/')
-            hits.append(name)
-            if not (www / name).is_file():
-                self.send_error(404)
-                return
-            data = (www / name).read_bytes()
-            self.send_response(200)
-            self.send_header('Content-Length', str(len(data)))
-            self.end_headers()
-            self.wfile.write(data[:cut.pop(name)] if name in cut else data)
-            self.wfile.flush()
-            self.close_connection = True
-
-        def log_message(self, *a):
-            pass
-    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield www, f'http://127.0.0.1:{httpd.server_address[1]}', cut, hits
-    httpd.shutdown()
-    httpd.server_close()
+    with serve(www) as (url, hits, cut):
+        yield www, url, cut, hits
 
 
 def _equal(a, b):
@@ -87,7 +57,7 @@ def test_cut_download_leaves_nothing_and_the_next_try_loads(saved, flaky_server,
         read_checkpoint(f'{url}/xcit.pth')
     assert os.listdir(hub_dir) == []  # nothing under the final name, no temporary file
     got = read_checkpoint(f'{url}/xcit.pth')['state_dict']  # the server is healthy again
-    assert _equal(got, sd) and hits == ['xcit.pth', 'xcit.pth']
+    assert _equal(got, sd) and hits == ['/xcit.pth', '/xcit.pth']
     assert sorted(os.listdir(hub_dir)) == ['xcit.pth', 'xcit.pth.sha256']
     record = json.loads((hub_dir / 'xcit.pth.sha256').read_text())
     assert record == dict(url=f'{url}/xcit.pth', size=len(data),
@@ -112,7 +82,7 @@ def test_poisoned_cache_is_fetched_again_once(saved, flaky_server, hub_dir, how,
         (hub_dir / 'xcit.pth').write_bytes(bytes(bad))
         hits.clear()
     got = read_checkpoint(f'{url}/xcit.pth')['state_dict']
-    assert _equal(got, sd) and hits == ['xcit.pth']
+    assert _equal(got, sd) and hits == ['/xcit.pth']
     (warning,) = [m for m in logged if 'fails its check' in m]
     assert warning.startswith(f'the cached {hub_dir / "xcit.pth"} fails its check (')
     assert warning.endswith(f'): downloading {url}/xcit.pth again (level 30)')

@@ -274,10 +274,9 @@ def test_folder_home_and_missing_paths(tmp_path, monkeypatch):
         read_checkpoint('~/nope.pth')
 
 
-def test_url_checkpoints_download_once_then_load(det, tmp_path, server, monkeypatch):
+def test_url_checkpoints_download_once_then_load(det, tmp_path, server, hub_dir, monkeypatch):
     www, url, hits = server
     monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'hub'))
-    monkeypatch.setattr(torch.hub, '_hub_dir', str(tmp_path / 'hub'))  # restored after the test
     cfg_file, ckpt, want = det
     (www / 'det.pth').write_bytes(open(ckpt, 'rb').read())
     model = _via_runner_load_from(cfg_file, f'{url}/det.pth')  # load_from, tools/test.py

@@ -1,6 +1,7 @@
 """Weights in transit and at rest: no poisoned cache, no silent corruption (deepvit_mm.checkpoints
 fetch and integrity). "Remote" files come from a loopback server; the hub from a cache laid out as
 huggingface_hub lays it out, offline."""
+import glob
 import hashlib
 import json
 import os
@@ -11,7 +12,7 @@ import zipfile
 
 import pytest
 import torch
-from conftest import serve
+from conftest import CONFIG_DIR, serve
 
 from deepvit_mm import XCiT
 from deepvit_mm.checkpoints import CheckpointError, read_checkpoint, resolve_checkpoint
@@ -287,7 +288,7 @@ def test_resolve_checkpoint_keeps_local_paths_local(saved):
 
 
 # ------------------------------------------------------------------------------ recipes
-RECIPES = sorted(p for p in __import__('glob').glob(os.path.join(ROOT, 'configs', '*.py')))
+RECIPES = sorted(glob.glob(os.path.join(CONFIG_DIR, '*.py')))  # the recipes, not _base_ or demo
 
 
 class _FakeResponse:

@@ -11,8 +11,8 @@ The consumers read are the ones mmdet 3.x and mmseg 1.x models have: ``model.nec
 one (any neck with a list ``in_channels``: FPN, PAFPN, ChannelMapper, mmseg's FPN...), otherwise
 the heads fed by the backbone directly: mmseg's decode and auxiliary heads (``in_channels``,
 ``in_index``, ``input_transform``; K-Net's kernel generating head; DeepLabV3+'s stride-4 ``c1``
-input; cascades such as OCRNet) and MaskFormer/Mask2Former heads (mmdet's and mmseg's, through
-their pixel decoder). Anything else is not judged.
+input; cascades such as OCRNet, whose heads must read one stride) and MaskFormer/Mask2Former
+heads (mmdet's and mmseg's, through their pixel decoder). Anything else is not judged.
 
 The backbones call ``check_model_around`` once, at their first forward; ``check_consumers(model)``
 can also be called on a built model.
@@ -124,7 +124,7 @@ def check_consumers(model: nn.Module, backbone: Optional[nn.Module] = None) -> N
     """
     backbone = model.backbone if backbone is None else backbone
     channels, strides = list(backbone.out_channels), tuple(backbone.out_strides)
-    problems = consumer_problems(model, channels)
+    problems = consumer_problems(model, channels, strides)
     if not problems:
         return
     name = type(backbone).__name__
@@ -135,8 +135,10 @@ def check_consumers(model: nn.Module, backbone: Optional[nn.Module] = None) -> N
         + '\n  '.join(problems))
 
 
-def consumer_problems(model: nn.Module, channels: Sequence[int]) -> List[str]:
-    """One line per consumer of ``model.backbone`` that does not fit ``channels`` (per level)."""
+def consumer_problems(model: nn.Module, channels: Sequence[int],
+                      strides: Sequence[int] = PAPER_STRIDES) -> List[str]:
+    """One line per consumer of ``model.backbone`` that does not fit ``channels`` and ``strides``
+    (per level)."""
     channels = list(channels)
     neck = getattr(model, 'neck', None)
     if isinstance(neck, nn.Module):
@@ -152,6 +154,9 @@ def consumer_problems(model: nn.Module, channels: Sequence[int]) -> List[str]:
     problems = []
     for key, module in consumers:
         problems += _problems(key, module, channels)
+    heads = getattr(model, 'decode_head', None)
+    if not problems and isinstance(heads, nn.ModuleList):
+        problems += _cascade_problems(heads, list(strides))
     return problems
 
 
@@ -223,6 +228,31 @@ def _decode_head_problems(key: str, what: str, head: nn.Module, channels: List[i
             problems.append(f'{what}: c1_in_channels={built} for level 0. '
                             f'Set {key}.c1_in_channels={channels[0]}.')
     return problems
+
+
+def _cascade_problems(heads: nn.ModuleList, strides: List[int]) -> List[str]:
+    """mmseg's cascades (OCRNet): a head that gathers the previous head's class map over its own
+    input (``spatial_gather_module``) needs both at one stride; at two it fails inside the
+    gather with ``Expected size for first two dimensions of batch2 tensor``."""
+    problems = []
+    for i in range(1, len(heads)):
+        head, prev = heads[i], heads[i - 1]
+        if not (isinstance(getattr(head, 'spatial_gather_module', None), nn.Module)
+                and _is_mmseg_decode_head(prev)):
+            continue
+        (mine, theirs) = (_first_level(h.in_index, len(strides)) for h in (head, prev))
+        if mine != theirs:
+            problems.append(
+                f'model.decode_head[{i}] ({type(head).__name__}) gathers model.decode_head[{i - 1}]'
+                f"'s class map (in_index={prev.in_index}, stride {strides[theirs]}) over its own "
+                f'input (in_index={head.in_index}, stride {strides[mine]}): both must read one '
+                f'stride. Set model.decode_head[{i}].in_index={theirs} (and its in_channels), or '
+                f'give both heads one level.')
+    return problems
+
+
+def _first_level(index, n: int) -> int:
+    return (index[0] if isinstance(index, (list, tuple)) else index) % n
 
 
 def _is_mmseg_decode_head(module: nn.Module) -> bool:

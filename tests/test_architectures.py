@@ -295,6 +295,28 @@ def test_consumer_built_for_other_channels_fails_naming_the_fix(tmp_path, arch_i
     assert fix.format(C=CHANNELS['XCiT']) in message
 
 
+def test_cascade_heads_at_two_strides_fail_naming_the_fix(tmp_path, monkeypatch):
+    """OCRNet's OCR head gathers the FCN head's class map over its own input: heads given two
+    strides (channels right) are refused at the first step with the in_index to set; unchecked,
+    the step fails inside mmseg's gather."""
+    import deepvit_mm.consumers as consumers
+    ocrnet = next(a for a in ARCHS if a.id == 'ocrnet')
+    two = ocrnet._replace(levels=2, changes=ocrnet.changes.replace(
+        'decode_head[0].update(in_channels={C}, in_index=0)',
+        'decode_head[0].update(in_channels={C}, in_index=1)'))
+    cfg = arch_config(tmp_path, two, 'XCiT')
+    model = build_model(cfg)
+    data = model.data_preprocessor(generated_data(cfg, model, train=True), True)
+    with pytest.raises(ChannelMismatchError) as err:
+        model.train()(**data, mode='loss')
+    assert 'model.decode_head[1] (OCRHead) gathers model.decode_head[0]\'s class map (in_index=1, ' \
+        'stride 32) over its own input (in_index=0, stride 16)' in str(err.value)
+    assert 'Set model.decode_head[1].in_index=1' in str(err.value)
+    monkeypatch.setattr(consumers, 'check_consumers', lambda *a: None)
+    with pytest.raises(RuntimeError, match='Expected size for first two dimensions'):
+        build_model(cfg).train()(**data, mode='loss')
+
+
 def test_a_fitting_model_passes_and_is_checked_once(tmp_path, monkeypatch):
     import deepvit_mm.consumers as consumers
     calls = []

@@ -164,7 +164,9 @@ def official_xcit_state_dict(timm_model: torch.nn.Module) -> dict:
 def serve(www):
     """An HTTP server on 127.0.0.1 serving the folder ``www``: yields its URL, the paths of the
     requests it answers, and ``cut``: ``cut[name] = n`` makes the next GET of ``name`` announce
-    the whole length, send ``n`` bytes and close the connection (a transfer that ends short)."""
+    the whole length, send ``n`` bytes and close the connection (a transfer that ends short);
+    ``cut[name] = (n, event)`` sends ``n`` bytes and holds the connection until ``event`` is set
+    (a transfer in progress)."""
     hits, cut = [], {}
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -177,11 +179,16 @@ def serve(www):
             if name not in cut:
                 return super().do_GET()
             data = (www / name).read_bytes()
+            n, held = cut.pop(name), None
+            if isinstance(n, tuple):
+                n, held = n
             self.send_response(200)
             self.send_header('Content-Length', str(len(data)))
             self.end_headers()
-            self.wfile.write(data[:cut.pop(name)])
+            self.wfile.write(data[:n])
             self.wfile.flush()
+            if held is not None:
+                held.wait(120)
             self.close_connection = True
 
         def log_message(self, *a):

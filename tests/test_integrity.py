@@ -67,6 +67,46 @@ def test_cut_download_leaves_nothing_and_the_next_try_loads(saved, flaky_server,
     assert len(hits) == 2  # cached and checked: not downloaded again
 
 
+def test_killed_download_leaves_nothing_and_its_temporary_is_cleared(saved, flaky_server, hub_dir):
+    """A process killed (SIGKILL) in the middle of a download: nothing under the final name; the
+    next try downloads again, and clears the temporary once it is abandoned (not before: it could
+    be another process's live download)."""
+    import signal
+    import threading
+    import time
+    www, url, cut, hits = flaky_server
+    path, sd = saved
+    data = open(path, 'rb').read()
+    (www / 'xcit.pth').write_bytes(data)
+    release = threading.Event()
+    cut['xcit.pth'] = (len(data) // 2, release)
+    env = dict(os.environ, TORCH_HOME=str(hub_dir.parent.parent))  # its hub/checkpoints: hub_dir
+    child = subprocess.Popen(
+        [sys.executable, '-c', 'import sys; sys.path.insert(0, sys.argv[1]); '
+         'from deepvit_mm.checkpoints import read_checkpoint; read_checkpoint(sys.argv[2])',
+         ROOT, f'{url}/xcit.pth'], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while not [p for p in glob.glob(str(hub_dir / '*.partial')) if os.path.getsize(p)]:
+            assert child.poll() is None and time.time() < deadline, child.stderr.read()[-2000:]
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(60) == -signal.SIGKILL
+    finally:
+        release.set()
+        child.kill()
+    (partial,) = glob.glob(str(hub_dir / 'xcit.pth.*.partial'))  # the kill left its temporary
+    assert sorted(os.listdir(hub_dir)) == [os.path.basename(partial)]
+    assert _equal(read_checkpoint(f'{url}/xcit.pth')['state_dict'], sd)  # downloads again
+    assert os.path.exists(partial)  # too recent to be taken for abandoned
+    os.remove(hub_dir / 'xcit.pth')
+    an_hour_ago = time.time() - 3601
+    os.utime(partial, (an_hour_ago, an_hour_ago))
+    assert _equal(read_checkpoint(f'{url}/xcit.pth')['state_dict'], sd)
+    assert sorted(os.listdir(hub_dir)) == ['xcit.pth', 'xcit.pth.sha256']
+    assert hits == ['/xcit.pth'] * 3
+
+
 @pytest.mark.parametrize('how', ['half file, no record', 'bytes changed, record kept'])
 def test_poisoned_cache_is_fetched_again_once(saved, flaky_server, hub_dir, how, logged):
     www, url, cut, hits = flaky_server

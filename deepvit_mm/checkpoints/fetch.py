@@ -10,7 +10,8 @@
   file is checked against its record (a file without one, left by torch hub, mmengine or an
   interrupted older download, against its format's own checksums); one that fails is fetched again
   once, with a message. An interrupted download (a closed connection, a timeout, a killed process)
-  never leaves a file under the final name.
+  never leaves a file under the final name. A killed process cannot remove its temporary file:
+  the next download of that file removes the ones nobody has written to for an hour.
 * **Hub names** ``hf-hub:<repo>[@revision]`` (timm's names: ``hf-hub:timm/xcit_small_12_p8_224.fb_in1k``)
   are fetched by ``huggingface_hub``, with its cache, token and ``HF_HUB_OFFLINE``: the repository's
   ``model.safetensors``, else its ``pytorch_model.bin``. Its cache keeps each file under its SHA-256
@@ -35,6 +36,9 @@ HUB_PREFIX = 'hf-hub:'
 HUB_FILES = ('model.safetensors', 'pytorch_model.bin')
 TIMEOUT_S = 60
 PROGRESS_FROM_BYTES = 8 << 20  # smaller downloads show no progress bar
+# a download's temporary file untouched this long was left by a killed process: a live one
+# writes every MiB (a transfer slower than ~300 B/s would be taken for dead)
+ABANDONED_AFTER_S = 3600
 # torch.hub.HASH_REGEX: the file name's last `-<hex>` part before the extension
 _NAME_SHA = re.compile(r'-([a-f0-9]{8,64})\.')
 
@@ -101,6 +105,7 @@ def download(url: str, path: str, sha256: Optional[str] = None) -> None:
     from tqdm import tqdm
     expected = _expected_sha(os.path.basename(path), sha256)
     folder = os.path.dirname(path)
+    _remove_abandoned_temporaries(path)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + '.', suffix='.partial')
     try:
         h, got, total = hashlib.sha256(), 0, None
@@ -144,6 +149,20 @@ def download(url: str, path: str, sha256: Optional[str] = None) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def _remove_abandoned_temporaries(path: str) -> None:
+    """Delete the temporary files of earlier downloads of ``path`` that were killed (see
+    ``ABANDONED_AFTER_S``); another process's live download of it keeps its own."""
+    import glob
+    import time
+    for tmp in glob.glob(glob.escape(path) + '.*.partial'):
+        try:
+            if time.time() - os.path.getmtime(tmp) > ABANDONED_AFTER_S:
+                os.remove(tmp)
+                _log(f'removed {tmp}, left by a download that was killed')
+        except OSError:  # removed meanwhile by another process
+            pass
 
 
 def _fetch_url(url: str, sha256: Optional[str] = None) -> str:

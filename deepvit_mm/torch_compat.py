@@ -20,17 +20,17 @@ whichever of the two tested paths its API supports.
 * ``flop_counter``: ``FlopCounterMode`` attributes counts to the modules it sees run where it has
   ``ModuleTracker`` (newer torch); torch 2.1 only to modules it is given, through hooks that break
   tuple inputs, so plain forward hooks do it there.
-* ``onnx_dynamo_export_problem``: ``torch.onnx.export(dynamo=True)``, which ONNX export needs.
+* ``onnx_dynamo_export_problem``: ONNX export needs ``torch.onnx.export(dynamo=True)`` as torch
+  2.13 has it: by version (``version.FEATURE_FLOORS``), as torch 2.5.1 has the API but fails.
 """
 import _compat_pickle
-import inspect
 import pickle
 import types
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 
-from .version import release
+from .version import FEATURE_FLOORS, release
 
 __all__ = [
     'TORCH_VERSION', 'is_compiling', 'is_exporting', 'autocast_enabled', 'autocast_dtype',
@@ -208,11 +208,12 @@ def flop_counter(root: torch.nn.Module) -> Any:
 
 
 def onnx_dynamo_export_problem() -> Optional[str]:
-    """None if ``torch.onnx.export(dynamo=True)`` exists here, else what to do instead."""
-    if 'dynamo' in inspect.signature(torch.onnx.export).parameters and hasattr(torch, 'export') \
-            and hasattr(torch.export, 'Dim'):
+    """None if ONNX export works with this torch (``FEATURE_FLOORS['ONNX export']``), else what to
+    do instead."""
+    _, lowest, known = FEATURE_FLOORS['ONNX export']
+    if TORCH_VERSION >= release(lowest):
         return None
-    return (f'ONNX export uses torch.onnx.export(dynamo=True) (torch.export and onnxscript), which '
-            f'torch {torch.__version__} does not have. It is tested with torch 2.13.0: export from '
-            'an environment set up with requirements/constraints.txt (`make setup`); the exported '
-            '.onnx file runs anywhere ONNX Runtime does.')
+    return (f'ONNX export uses torch.onnx.export(dynamo=True) (torch.export and onnxscript) and is '
+            f'tested with torch {lowest}; torch {torch.__version__} cannot export these models '
+            f'({known}). Export from an environment set up with requirements/constraints.txt '
+            '(`make setup`); the exported .onnx file runs anywhere ONNX Runtime does.')

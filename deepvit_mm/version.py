@@ -51,3 +51,12 @@ FLOORS = {
     'timm': 'timm before 1.0.16 ignores gradient checkpointing in XCiT\'s and CaiT\'s '
             'forward_intermediates, so with_cp=True would silently keep every activation',
 }
+# Features that need a newer release than the rest of the package: the lowest release measured
+# working, and what is known below it (measured 2026-11-25).
+FEATURE_FLOORS = {
+    'ONNX export': ('torch', '2.13.0',
+                    'torch 2.1 has no torch.onnx.export(dynamo=True); torch 2.5.1 has an early '
+                    'one that fails on these models (torch.export cannot take the symbolic sizes '
+                    'through the adapter\'s baddbmm, and onnxscript cannot translate BatchNorm); '
+                    'releases in between are not tested'),
+}

@@ -80,6 +80,21 @@ def test_numpy_that_torch_cannot_use_is_named(monkeypatch):
                      r'"opencv-python<4.12"', numpy_problem())
 
 
+@pytest.mark.parametrize('torch_version,refused', [
+    ((2, 1, 2), True), ((2, 5, 1), True), ((2, 12, 9), True), ((2, 13, 0), False),
+    ((2, 13, 1), False)])
+def test_onnx_export_needs_the_torch_it_was_measured_on(monkeypatch, torch_version, refused):
+    """torch 2.1 has no dynamo exporter; torch 2.5.1 has one that fails on these models (measured:
+    6 of the export tests failed there); only the measured torch exports."""
+    from deepvit_mm import torch_compat
+    monkeypatch.setattr(torch_compat, 'TORCH_VERSION', torch_version)
+    problem = torch_compat.onnx_dynamo_export_problem()
+    assert (problem is not None) == refused
+    if refused:
+        assert 'tested with torch 2.13.0' in problem and 'torch 2.5.1 has an early one that fails' \
+            in problem and 'requirements/constraints.txt' in problem
+
+
 def test_arch_fixed_arguments_refused():
     with pytest.raises(ValueError, match="patch_size is fixed by arch='small_12_p16'.*valid:"):
         XCiT('small_12_p16', patch_size=4)

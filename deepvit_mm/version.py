@@ -55,8 +55,7 @@ FLOORS = {
 # working, and what is known below it (measured 2026-11-25).
 FEATURE_FLOORS = {
     'ONNX export': ('torch', '2.13.0',
-                    'torch 2.1 has no torch.onnx.export(dynamo=True); torch 2.5.1 has an early '
-                    'one that fails on these models (torch.export cannot take the symbolic sizes '
-                    'through the adapter\'s baddbmm, and onnxscript cannot translate BatchNorm); '
-                    'releases in between are not tested'),
+                    'torch 2.1 has no torch.onnx.export(dynamo=True); torch 2.5.1\'s fails '
+                    '(torch.export cannot take symbolic sizes through the adapter\'s baddbmm, '
+                    'onnxscript cannot translate BatchNorm); releases in between are not tested'),
 }

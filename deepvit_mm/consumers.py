@@ -136,10 +136,11 @@ def check_consumers(model: nn.Module, backbone: Optional[nn.Module] = None) -> N
 
 
 def consumer_problems(model: nn.Module, channels: Sequence[int],
-                      strides: Sequence[int] = PAPER_STRIDES) -> List[str]:
+                      strides: Optional[Sequence[int]] = None) -> List[str]:
     """One line per consumer of ``model.backbone`` that does not fit ``channels`` and ``strides``
-    (per level)."""
+    (per level; default: the backbone's ``out_strides``)."""
     channels = list(channels)
+    strides = list(model.backbone.out_strides if strides is None else strides)
     neck = getattr(model, 'neck', None)
     if isinstance(neck, nn.Module):
         consumers = [('model.neck', neck)]
@@ -156,7 +157,7 @@ def consumer_problems(model: nn.Module, channels: Sequence[int],
         problems += _problems(key, module, channels)
     heads = getattr(model, 'decode_head', None)
     if not problems and isinstance(heads, nn.ModuleList):
-        problems += _cascade_problems(heads, list(strides))
+        problems += _cascade_problems(heads, strides)
     return problems
 
 
@@ -202,7 +203,7 @@ def _list_problems(key: str, what: str, built: List[int], channels: List[int], a
 
 def _decode_head_problems(key: str, what: str, head: nn.Module, channels: List[int]) -> List[str]:
     n, index, transform = len(channels), head.in_index, head.input_transform
-    indices = list(index) if isinstance(index, (list, tuple)) else [index]
+    indices = _levels(index)
     bad = [i for i in indices if not -n <= i < n]
     if bad:
         return [f'{what}: in_index={index} reads level(s) {bad}, the backbone gives {n} levels '
@@ -240,7 +241,7 @@ def _cascade_problems(heads: nn.ModuleList, strides: List[int]) -> List[str]:
         if not (isinstance(getattr(head, 'spatial_gather_module', None), nn.Module)
                 and _is_mmseg_decode_head(prev)):
             continue
-        (mine, theirs) = (_first_level(h.in_index, len(strides)) for h in (head, prev))
+        mine, theirs = (_levels(h.in_index)[0] % len(strides) for h in (head, prev))
         if mine != theirs:
             problems.append(
                 f'model.decode_head[{i}] ({type(head).__name__}) gathers model.decode_head[{i - 1}]'
@@ -251,8 +252,9 @@ def _cascade_problems(heads: nn.ModuleList, strides: List[int]) -> List[str]:
     return problems
 
 
-def _first_level(index, n: int) -> int:
-    return (index[0] if isinstance(index, (list, tuple)) else index) % n
+def _levels(index) -> List[int]:
+    """A decode head's ``in_index`` (one level or several) as a list."""
+    return list(index) if isinstance(index, (list, tuple)) else [index]
 
 
 def _is_mmseg_decode_head(module: nn.Module) -> bool:

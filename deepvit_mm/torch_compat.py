@@ -3,7 +3,8 @@
 Tested at both ends (``deepvit_mm.version.TESTED``): torch 2.1.2, the newest torch OpenMMLab
 publishes mmcv 2.1.0 wheels for, and torch 2.13.0. Each function picks the API by what the
 installed torch has (feature detection, not a version table), so a torch in between takes
-whichever of the two tested paths its API supports.
+whichever of the two tested paths its API supports; ONNX export alone goes by version, as a torch
+in between was measured to have the API and fail.
 
 * ``is_compiling`` / ``is_exporting``: ``torch.compiler.is_compiling`` (2.3+; 2.1 has
   ``torch._dynamo.is_compiling``), ``torch.compiler.is_exporting`` (2.7+; absent: False).

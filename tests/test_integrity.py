@@ -100,8 +100,9 @@ def test_killed_download_leaves_nothing_and_its_temporary_is_cleared(saved, flak
     assert _equal(read_checkpoint(f'{url}/xcit.pth')['state_dict'], sd)  # downloads again
     assert os.path.exists(partial)  # too recent to be taken for abandoned
     os.remove(hub_dir / 'xcit.pth')
-    an_hour_ago = time.time() - 3601
-    os.utime(partial, (an_hour_ago, an_hour_ago))
+    from deepvit_mm.checkpoints.fetch import ABANDONED_AFTER_S
+    abandoned = time.time() - ABANDONED_AFTER_S - 1
+    os.utime(partial, (abandoned, abandoned))
     assert _equal(read_checkpoint(f'{url}/xcit.pth')['state_dict'], sd)
     assert sorted(os.listdir(hub_dir)) == ['xcit.pth', 'xcit.pth.sha256']
     assert hits == ['/xcit.pth'] * 3

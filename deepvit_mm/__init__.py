@@ -18,7 +18,10 @@ from .checkpoints import (  # noqa: E402
     read_checkpoint,
     trusted_checkpoints,
 )
-from .optim import ColumnarLayerDecayOptimizerConstructor  # noqa: E402
+from .optim import (  # noqa: E402
+    ColumnarLayerDecayOptimizerConstructor,
+    NoDecayOnScalesOptimizerConstructor,
+)
 from .pyramid import ColumnarPyramid  # noqa: E402
 from .runtime import (  # noqa: E402
     CPUAmpOptimWrapper,
@@ -60,4 +63,5 @@ _register_config_package()
 __all__ = ['__version__', 'XCiT', 'CaiT', 'ColumnarBackbone', 'ColumnarPyramid', 'CheckpointError',
            'CPUAmpOptimWrapper', 'CPUDistributedDataParallel', 'RNGStateHook',
            'CrashSafeCheckpointHook', 'FiniteLossHook', 'ColumnarLayerDecayOptimizerConstructor',
+           'NoDecayOnScalesOptimizerConstructor',
            'read_checkpoint', 'load_weights', 'trusted_checkpoints']

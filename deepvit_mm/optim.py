@@ -1,4 +1,5 @@
-"""Layer-wise learning-rate decay for models with a columnar (XCiT, CaiT) backbone.
+"""Optimizer constructors for models with a columnar (XCiT, CaiT) backbone: layer-wise learning-rate
+decay, and the opt-in weight-decay exemption of the scales.
 
 Layer-wise decay (ELECTRA, Clark et al., ICLR 2020; BEiT, Bao et al., ICLR 2022; since then the
 usual way to fine-tune a pretrained ViT for detection and segmentation) gives each parameter the
@@ -20,12 +21,12 @@ from a list of names:
     (``pos_embed.*``), its cross-covariance attention the ``temperature``, ``Cait`` its
     ``pos_embed``.
 
-The recipes under ``configs/`` do not use this constructor (they have no layer decay): their
-no-decay rules, in ``configs/_base_/default_runtime.py``, name the same norm layers, LayerScale,
-temperature and position embedding, but let biases decay, as the papers' code did
-(tests/test_layer_decay.py checks that biases are the only difference). No module declares F-SNE's
-codes: with an F-SNE model add ``custom_keys={'qkv_codes': dict(decay_mult=0.)}`` to
-``paramwise_cfg`` to keep them from decaying.
+The recipes under ``configs/`` use neither constructor: they decay what the official XCiT code
+decayed (``configs/_base_/default_runtime.py``: only LayerNorms and F-SNE's codes skip weight decay).
+``NoDecayOnScalesOptimizerConstructor`` is the opt-in deviation: the rules above but for biases,
+which decay as in the official code, i.e. also LayerScale, XCA's temperature, the position
+embeddings and every norm layer (BatchNorms included) skip weight decay. Its effect on the demo is
+in docs/training.md.
 """
 import fnmatch
 from collections import OrderedDict
@@ -42,17 +43,21 @@ from torch.nn.modules.batchnorm import _NormBase
 
 from .backbones.columnar import ColumnarBackbone
 
-__all__ = ['ColumnarLayerDecayOptimizerConstructor', 'no_weight_decay_names', 'layer_ids']
+__all__ = ['ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
+           'no_weight_decay_names', 'layer_ids']
 
 _NORMS: Tuple[type, ...] = (_NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm) + (
     (nn.RMSNorm,) if hasattr(nn, 'RMSNorm') else ())
 
 
-def no_weight_decay_names(model: nn.Module) -> Set[str]:
+def no_weight_decay_names(model: nn.Module, biases: bool = True) -> Set[str]:
     """Names (as in ``model.named_parameters()``) of the parameters that should not decay.
 
     Args:
         model (nn.Module): Any model; see the module docstring for the rules.
+        biases (bool): Include every bias (``*.bias`` and 1-d parameters named so); with False, a
+            bias is included only if another rule (a norm layer, a declaration) names it.
+            Default: True.
 
     Returns:
         set[str]: Parameter names.
@@ -69,7 +74,8 @@ def no_weight_decay_names(model: nn.Module) -> Set[str]:
             # 'pos_embed', later releases 'pos_embed.*'
             names.update(prefix + n for n, _ in mod.named_parameters()
                          if any(fnmatch.fnmatchcase(n, p) or n.startswith(p + '.') for p in patterns))
-    names.update(n for n, p in model.named_parameters() if p.ndim <= 1 or n.endswith('.bias'))
+    names.update(n for n, p in model.named_parameters()
+                 if n.endswith('.bias') and biases or p.ndim <= 1 and not n.endswith('.bias'))
     return names
 
 
@@ -203,5 +209,43 @@ class ColumnarLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
         return '\n'.join(lines)
 
 
+class NoDecayOnScalesOptimizerConstructor(DefaultOptimWrapperConstructor):
+    """mmengine's default constructor, then no weight decay on the scales: every norm layer's
+    parameters (LayerNorm, BatchNorm, ... by type), 1-d parameters other than biases (LayerScale),
+    and what timm's modules declare (XCA's temperature, the position embeddings); see
+    ``no_weight_decay_names(model, biases=False)``. Biases decay. An opt-in deviation from the
+    official recipes' rule (only LayerNorms skip decay)::
+
+        python tools/train.py CONFIG --cfg-options \\
+            optim_wrapper.constructor=NoDecayOnScalesOptimizerConstructor
+
+    Args:
+        optim_wrapper_cfg (dict): The optimizer wrapper config.
+        paramwise_cfg (dict, optional): Any ``DefaultOptimWrapperConstructor`` option; its
+            ``custom_keys`` apply first (the recipes' ``norm`` and ``qkv_codes``).
+    """
+
+    def add_params(self, params: List[dict], module: nn.Module, prefix: str = '',
+                   is_dcn_module=None) -> None:
+        """Add the parameter groups of ``module`` (the whole model) to ``params``.
+
+        Args:
+            params (list[dict]): Parameter groups, extended in place.
+            module (nn.Module): The model.
+            prefix (str): Set by mmengine's recursion into submodules; '' for the model.
+            is_dcn_module (int | float, optional): Passed on to mmengine's recursion.
+        """
+        first = len(params)
+        super().add_params(params, module, prefix, is_dcn_module)
+        if prefix or self.base_wd is None:  # mmengine's recursion, or no weight decay at all
+            return
+        names = no_weight_decay_names(module, biases=False)
+        exempt = {id(p) for n, p in module.named_parameters() if n in names}
+        for group in params[first:]:
+            if any(id(p) in exempt for p in group['params']):
+                group['weight_decay'] = 0.
+
+
 for _registry in (MMENGINE_CONSTRUCTORS, MMDET_CONSTRUCTORS, MMSEG_CONSTRUCTORS):
     _registry.register_module(module=ColumnarLayerDecayOptimizerConstructor)
+    _registry.register_module(module=NoDecayOnScalesOptimizerConstructor)

@@ -21,6 +21,9 @@ in between was measured to have the API and fail.
 * ``flop_counter``: ``FlopCounterMode`` attributes counts to the modules it sees run where it has
   ``ModuleTracker`` (newer torch); torch 2.1 only to modules it is given, through hooks that break
   tuple inputs, so plain forward hooks do it there.
+* ``cpu_grad_scaler`` / ``cpu_float16_training_problem``: float16 training on CPU needs
+  ``torch.amp.GradScaler('cpu')`` (2.3+) and float16 CPU autocast; torch 2.1 has neither (its CPU
+  autocast turns itself off for float16), so there float16 is refused with what to do.
 * ``onnx_dynamo_export_problem``: ONNX export needs ``torch.onnx.export(dynamo=True)`` as torch
   2.13 has it: by version (``version.FEATURE_FLOORS``), as torch 2.5.1 has the API but fails.
 """
@@ -36,7 +39,7 @@ from .version import FEATURE_FLOORS, release
 __all__ = [
     'TORCH_VERSION', 'is_compiling', 'is_exporting', 'autocast_enabled', 'autocast_dtype',
     'load_weights_only', 'RestrictedUnpickler', 'profiler_event_start_ns', 'flop_counter',
-    'onnx_dynamo_export_problem'
+    'cpu_grad_scaler', 'cpu_float16_training_problem', 'onnx_dynamo_export_problem'
 ]
 
 
@@ -206,6 +209,41 @@ def flop_counter(root: torch.nn.Module) -> Any:
                 handle.remove()
             return super().__exit__(*args)
     return HookedFlopCounter(display=False)
+
+
+def cpu_float16_training_problem() -> Optional[str]:
+    """None if this torch trains in float16 on CPU (autocast + loss scaling), else why not."""
+    if not hasattr(torch.amp, 'GradScaler'):  # torch < 2.3: torch.cuda.amp.GradScaler only
+        return (f"torch {torch.__version__} has no CPU loss scaler (torch.amp.GradScaler('cpu'), "
+                'torch >= 2.3) and no float16 CPU autocast: train in float32 or bfloat16 there, '
+                'or in float16 on a GPU')
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # a torch without it warns and turns autocast off
+        with torch.autocast('cpu', dtype=torch.float16):
+            on = autocast_enabled('cpu') and autocast_dtype('cpu') == torch.float16
+    if not on:
+        return f'torch {torch.__version__} has no float16 CPU autocast'
+    return None
+
+
+def cpu_grad_scaler(enabled: bool = True, **kwargs: Any) -> Any:
+    """A gradient scaler for CPU training: torch's ``GradScaler('cpu')``; disabled (a pass-through
+    that scales nothing, for bfloat16), any torch's.
+
+    Args:
+        enabled (bool): Scale losses (float16). Default: True.
+        kwargs: ``GradScaler`` arguments (``init_scale``, ``growth_interval``, ...).
+
+    Raises:
+        RuntimeError: ``enabled`` on a torch without CPU loss scaling
+            (``cpu_float16_training_problem``).
+    """
+    if hasattr(torch.amp, 'GradScaler'):
+        return torch.amp.GradScaler('cpu', enabled=enabled, **kwargs)
+    if enabled:
+        raise RuntimeError(cpu_float16_training_problem())
+    return torch.cuda.amp.GradScaler(enabled=False)  # torch < 2.3; disabled, it touches no GPU
 
 
 def onnx_dynamo_export_problem() -> Optional[str]:

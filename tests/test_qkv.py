@@ -25,6 +25,7 @@ from deepvit_mm.qkv import (
     qkv_hidden,
     set_qkv_embed,
 )
+from deepvit_mm.runtime import fit_precision_to_device
 
 NONLINEAR = {
     'SNE': dict(type='SNE'),
@@ -421,6 +422,7 @@ def test_configs_select_the_variant(name, want):
 
 def test_fsne_recipe_weight_decay_groups():
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, 'mask_rcnn_xcit_t12_16_fsne8s_3x.py'))
+    fit_precision_to_device(cfg)  # its float16 AmpOptimWrapper needs a GPU
     model = build_model(cfg)
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     decay = {id(p): g['weight_decay'] for g in wrapper.optimizer.param_groups for p in g['params']}

@@ -12,6 +12,7 @@ from mmengine.runner import Runner  # noqa: E402
 from deepvit_mm.runtime import (  # noqa: E402
     VIS_BACKENDS,
     CheckpointWriteError,
+    fit_precision_to_device,
     keep_freed_cpu_memory,
     prepare_config,
     set_vis_backends,
@@ -24,7 +25,8 @@ def parse_args():
     parser.add_argument('config', help='config file')
     parser.add_argument('--work-dir', help='where logs and checkpoints go')
     parser.add_argument('--amp', action='store_true',
-                        help='mixed precision: float16 on GPU, bfloat16 on CPU')
+                        help='mixed precision: float16 on GPU, bfloat16 on CPU (the Mask R-CNN recipes '
+                             'train in float16 on GPU without it)')
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from this checkpoint, or (no value) from the latest one in '
                              'the work dir')
@@ -50,8 +52,11 @@ def main():
     cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
                          launcher=args.launcher, amp=args.amp, resume=args.resume)
     set_vis_backends(cfg, args.vis_backend)
+    precision_note = fit_precision_to_device(cfg)  # float16 recipes on a machine without a GPU
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    if precision_note:
+        runner.logger.warning(precision_note)
     try:
         runner.train()
     except CheckpointWriteError as e:  # one message, in the log too; no traceback

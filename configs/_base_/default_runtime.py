@@ -1,5 +1,5 @@
 # What every deepvit_mm recipe and demo adds to mmdet's/mmseg's runtime, written once: the plugin
-# import, the hooks, the checkpoint hook and the weight-decay rules of XCiT and CaiT.
+# import, the hooks, the checkpoint hook and the official weight-decay rule.
 #
 # Every schedule base (schedules/*.py) and demo lists this file beside mmdet's/mmseg's own bases.
 # mmengine refuses a key that two sibling bases both set, and theirs already set `default_hooks`
@@ -17,24 +17,16 @@ custom_hooks = [dict(type='FiniteLossHook'), dict(type='RNGStateHook')]
 # (written under a temporary name and renamed; old ones deleted only after the new one is complete).
 checkpoint_hook = dict(type='CrashSafeCheckpointHook', max_keep_ckpts=3)
 
-# No weight decay on what the papers do not regularise: norm layers by type (the blocks'
-# LayerNorms; the BatchNorms of XCiT's conv patch embedding and LPI, of the pyramid adapter and, as
-# a side effect, of the necks and heads, which the official XCiT code decayed), LayerScale, XCiT's
-# XCA temperature, the position embedding (XCiT's Fourier encoding, CaiT's learned one) and the
-# F-SNE codes Cq, Ck, Cv (the non-linear Q/K/V paper regularises the network weights only, its
-# eq. 7). Keys of the other family match nothing. Everything else, biases included, decays.
-# deepvit_mm.ColumnarLayerDecayOptimizerConstructor derives its no-decay set from the model instead
-# and, as BEiT's layer decay does, also exempts every bias: it is for layer-decay fine-tuning, not
-# what these recipes (and the papers' code they follow) do.
-paramwise_cfg = dict(
-    norm_decay_mult=0.,
-    custom_keys={
-        '.gamma1': dict(decay_mult=0.),  # XCiT LayerScale (attention, LPI, MLP)
-        '.gamma2': dict(decay_mult=0.),
-        '.gamma3': dict(decay_mult=0.),
-        '.gamma_1': dict(decay_mult=0.),  # CaiT LayerScale (attention, MLP)
-        '.gamma_2': dict(decay_mult=0.),
-        '.temperature': dict(decay_mult=0.),
-        'pos_embed': dict(decay_mult=0.),
-        'qkv_codes': dict(decay_mult=0.),
-    })
+# The official XCiT recipes' weight decay (facebookresearch/xcit, detection/configs/xcit/*.py and
+# semantic_segmentation/configs/xcit/{upernet,sem_fpn}/*.py, Swin's rule): a parameter skips it only
+# if its name contains 'norm', i.e. the blocks' LayerNorms (norm1, norm2, norm3). Everything else
+# decays: biases, LayerScale, XCA's temperature, the Fourier encoding's conv and every BatchNorm
+# (conv patch embedding, LPI, pyramid adapter, heads: mmcv names them `bn`). Swin's other two keys,
+# 'absolute_pos_embed' and 'relative_position_bias_table', match nothing in XCiT and are left out;
+# the CaiT bases translate the first to CaiT's learned position embedding. F-SNE's codes Cq, Ck, Cv
+# do not decay either: the non-linear Q/K/V paper regularises the network weights only (its eq. 7);
+# the key matches nothing in other models. tests/test_recipes.py checks every recipe against these
+# official rules. Opt-in deviation: `optim_wrapper.constructor=NoDecayOnScalesOptimizerConstructor`
+# also exempts LayerScale, temperatures, position embeddings and every norm layer
+# (deepvit_mm.optim; docs/training.md gives its measured effect).
+paramwise_cfg = dict(custom_keys={'norm': dict(decay_mult=0.), 'qkv_codes': dict(decay_mult=0.)})

@@ -37,3 +37,9 @@ model = dict(
         norm_cfg=dict(type='SyncBN', requires_grad=True),
         init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     neck=dict(in_channels=[embed_dim] * 4))
+
+# Weight decay: the official XCiT rule (../default_runtime.py) with the key the official configs
+# copied from Swin for its learned absolute position embedding ('absolute_pos_embed') read as
+# CaiT's, 'pos_embed', which CaiT's own ImageNet training also left undecayed (timm's
+# Cait.no_weight_decay). Everything else as for XCiT: only the LayerNorms skip decay.
+optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'pos_embed': dict(decay_mult=0.)}))

@@ -12,3 +12,6 @@ model = dict(
         norm_cfg=dict(type='BN', requires_grad=True),
         init_cfg=None),  # from scratch: no hub access here
     neck=dict(in_channels=[192] * 4))  # CaiT-XXS: embed_dim 192
+# CaiT's learned position embedding does not decay, as in the CaiT recipes
+# (../_base_/mask_rcnn_cait_3x_coco.py)
+optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'pos_embed': dict(decay_mult=0.)}))

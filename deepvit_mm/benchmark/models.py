@@ -54,11 +54,15 @@ def build_backbone(arch: str, **kwargs) -> nn.Module:
 def load_config(path: str, cfg_options: Optional[dict] = None):
     """Read a config for measuring its model: ``cfg_options`` merged, no weights file
     (``model.backbone.init_cfg`` and mmseg's ``model.pretrained`` cleared: cost and memory do not
-    depend on the weights)."""
+    depend on the weights); a float16 ``AmpOptimWrapper`` trains in float32 without a GPU, as
+    ``tools/train.py`` runs it."""
     from mmengine.config import Config
+
+    from ..runtime import fit_precision_to_device
     cfg = Config.fromfile(path)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
+    fit_precision_to_device(cfg)
     if cfg.model.get('backbone') is not None:
         cfg.model.backbone.init_cfg = None
     if 'pretrained' in cfg.model:

@@ -5,6 +5,6 @@ _base_ = './ade20k_160k.py'
 max_iters = 80000
 
 # the same warm-up, the linear decay ending at max_iters
-param_scheduler = [_base_.param_scheduler[0], dict(_base_.param_scheduler[1], end=max_iters)]
+param_scheduler = [_base_.param_scheduler[0], dict(_base_.param_scheduler[1], end=max_iters + 1)]
 train_cfg = dict(max_iters=max_iters, val_interval=max_iters // 10)
 default_hooks = dict(checkpoint=dict(interval=max_iters // 10))

@@ -416,8 +416,10 @@ def test_cait_recipes(size):
     res = 384 if size == 'xs24' else 224
     assert bb.img_size == res and bb.init_cfg.checkpoint.endswith(f'_{res}.pth')
     assert det.model.neck.in_channels == [dim] * 4
-    keys = det.optim_wrapper.paramwise_cfg.custom_keys  # the groups: test_configs.py
-    assert {'.gamma_1', '.gamma_2', 'pos_embed'} <= set(keys)
+    # the official XCiT rule with CaiT's position embedding for Swin's (the groups of every
+    # parameter: test_recipes.py)
+    assert det.optim_wrapper.paramwise_cfg.custom_keys == dict(
+        xcit.optim_wrapper.paramwise_cfg.custom_keys, pos_embed=dict(decay_mult=0.))
 
     seg = Config.fromfile(os.path.join(CONFIG_DIR, f'upernet_cait_{size}_160k_ade20k.py'))
     opt = seg.optim_wrapper.optimizer

@@ -189,7 +189,7 @@ def test_hub_name_from_an_offline_cache(tmp_path):
     assert 'loaded 351 tensors' in out.stdout + out.stderr or 'loaded 350 tensors' in out.stdout + out.stderr
 
     # a blob whose bytes changed is refused, offline (no second copy to fetch)
-    blob = next((folder / 'blobs').glob('[0-9a-f]' * 64))
+    blob = folder / 'blobs' / hashlib.sha256(data).hexdigest()  # the weights' blob, not config.json's
     blob.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     out = _offline('import deepvit_mm; from deepvit_mm.checkpoints import read_checkpoint; '
                    'read_checkpoint("hf-hub:timm/xcit_nano_12_p16_224.fb_in1k")', tmp_path / 'hf')

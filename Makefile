@@ -27,7 +27,7 @@ demo: setup
 	      % (m['coco/bbox_mAP'], m['coco/segm_mAP'], d))"
 
 lint: setup
-	$(PY) -m ruff check deepvit_mm tools tests configs demo
+	$(PY) -m ruff check deepvit_mm deepvit_tools tools tests configs demo
 
 test: setup lint
 	$(PY) -m pytest -q tests

@@ -2,7 +2,8 @@
 
 torch/torchvision and mmcv are not install_requires: torch's build is machine-specific and mmcv
 must be compiled against the installed torch (see tools/setup_env.sh). ``import deepvit_mm``
-checks them and says what to do.
+checks them and says what to do. The other libraries' ranges are ``deepvit_mm/version.py``'s
+``SUPPORTED``, the ones ``import deepvit_mm`` accepts, so that pip refuses what import would.
 """
 import os
 import os.path as osp
@@ -13,6 +14,28 @@ import sys
 from setuptools import find_packages, setup
 
 HERE = osp.dirname(osp.abspath(__file__))
+
+
+def _supported() -> dict:
+    """``version.SUPPORTED`` read without importing the package (its import needs torch)."""
+    ns = {}
+    with open(osp.join(HERE, 'deepvit_mm', 'version.py'), encoding='utf-8') as f:
+        exec(f.read(), ns)
+    return ns['SUPPORTED']
+
+
+def _requirement(pkg: str) -> str:
+    lo, hi = _supported()[pkg]
+    return f'{pkg}>={lo},<{hi}'
+
+
+def _mim_files() -> list:
+    """Every file under ``deepvit_mm/.mim``, named one by one: setuptools before 62.3 ignores
+    ``**`` in ``package_data``, so a glob would build a wheel without the nested configs."""
+    mim = osp.join(HERE, 'deepvit_mm', '.mim')
+    return sorted(osp.relpath(osp.join(d, f), osp.join(HERE, 'deepvit_mm'))
+                  for d, _, files in os.walk(mim, followlinks=True) if '__pycache__' not in d
+                  for f in files if f.endswith(('.py', '.sh', '.yml')))
 
 
 def _mim_metafile(text: str) -> str:
@@ -72,27 +95,26 @@ setup(
     python_requires='>=3.9',
     packages=find_packages(include=['deepvit_mm', 'deepvit_mm.*']),
     include_package_data=True,
-    package_data={'deepvit_mm': ['.mim/model-index.yml', '.mim/metafiles/*.yml',
-                                 '.mim/configs/configs/*.py', '.mim/configs/configs/**/*.py',
-                                 '.mim/tools/*.py', '.mim/tools/*.sh', '.mim/tools/**/*.py']},
+    package_data={'deepvit_mm': _mim_files()},
     install_requires=[
-        'mmengine>=0.10,<1.0',
-        'mmdet>=3.0,<3.4',
-        'mmsegmentation>=1.0,<1.3',
-        'timm>=1.0.9',
+        _requirement('mmengine'),
+        _requirement('mmdet'),
+        _requirement('mmsegmentation'),
+        _requirement('timm'),
         'safetensors',
         'pycocotools',
         'ftfy',  # mmseg.utils imports them
         'regex',
     ],
     extras_require={
-        # `mim train|test|search deepvit_mm ...`
-        'mim': ['openmim'],
+        # `mim train|test|search deepvit_mm ...`; opendatalab 0.0.10, openmim's newest pick,
+        # requires openxlab, which pins setuptools 60.2.0 (a downgrade of the user's)
+        'mim': ['openmim', 'opendatalab<0.0.10'],
         # ONNX export (torch.onnx's exporter needs onnxscript) and ONNX Runtime
         'deploy': ['onnx', 'onnxruntime', 'onnxscript'],
         # tests/test_zoo.py runs mim and checks the FLOPs against fvcore's count;
         # tools/train.py and tools/test.py --vis-backend tensorboard
-        'tests': ['pytest', 'ruff', 'openmim', 'fvcore', 'tensorboard'],
+        'tests': ['pytest', 'ruff', 'openmim', 'opendatalab<0.0.10', 'fvcore', 'tensorboard'],
     },
     license='Apache-2.0',
 )

@@ -17,56 +17,14 @@ heads (mmdet's and mmseg's, through their pixel decoder). Anything else is not j
 The backbones call ``check_model_around`` once, at their first forward; ``check_consumers(model)``
 can also be called on a built model.
 """
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import torch.nn as nn
 
-__all__ = ['ChannelMismatchError', 'FeatureLevels', 'PAPER_STRIDES', 'paper_taps', 'check_consumers',
-           'check_model_around', 'consumer_problems', 'find_owner']
+from .pyramid import PAPER_STRIDES
 
-#: the strides of the four taps the papers use (XCiT appendix B.2), finest first
-PAPER_STRIDES = (4, 8, 16, 32)
-
-
-class FeatureLevels(NamedTuple):
-    """What a backbone feeds its neck or heads, one entry per level.
-
-    Attributes:
-        channels (list[int]): Channels of each level (a neck's or head's ``in_channels``).
-        strides (tuple[int]): Stride of each level.
-        out_indices (tuple[int]): The 0-based trunk block tapped for each level.
-    """
-    channels: List[int]
-    strides: Tuple[int, ...]
-    out_indices: Tuple[int, ...]
-
-
-def paper_taps(name: str, taps: Sequence[int], out_strides: Sequence[int]) -> Tuple[int, ...]:
-    """The paper's taps for ``out_strides``: all four for four levels (whatever their strides,
-    as before there was a choice), else the tap of each stride.
-
-    Args:
-        name (str): The backbone, for messages (``XCiT(nano_12_p16)``).
-        taps (Sequence[int]): The paper's four taps, for strides ``PAPER_STRIDES``.
-        out_strides (Sequence[int]): Strides asked for: four, or fewer, increasing, out of
-            ``PAPER_STRIDES``.
-
-    Returns:
-        tuple[int]: One 0-based block per stride, e.g. ``(5, 7, 11)`` for ``(8, 16, 32)`` of a
-        12-block XCiT.
-    """
-    strides = tuple(out_strides)
-    if len(strides) == len(taps):
-        return tuple(taps)
-    if not strides or any(s not in PAPER_STRIDES for s in strides) or \
-            any(a >= b for a, b in zip(strides, strides[1:])):
-        raise ValueError(
-            f'{name}: out_strides={strides} has no default out_indices: the paper taps one block '
-            f'per stride of {PAPER_STRIDES} ({tuple(taps)}), so increasing strides out of those take '
-            'their taps by default (e.g. out_strides=(8, 16, 32)); for others give out_indices, '
-            'one strictly increasing 0-based block per stride.')
-    return tuple(taps[PAPER_STRIDES.index(s)] for s in strides)
-
+__all__ = ['ChannelMismatchError', 'check_consumers', 'check_model_around', 'consumer_problems',
+           'find_owner']
 
 class ChannelMismatchError(ValueError):
     """A neck or head was built for other channels (or levels) than the backbone feeds it."""

@@ -25,7 +25,10 @@ from mmengine.model import BaseModule
 
 from .tracing import capturing_for_other_sizes
 
-__all__ = ['ColumnarPyramid', 'ConvTranspose2x2']
+__all__ = ['ColumnarPyramid', 'ConvTranspose2x2', 'PAPER_STRIDES']
+
+#: the strides of the four taps the papers use (XCiT appendix B.2), finest first
+PAPER_STRIDES = (4, 8, 16, 32)
 
 
 class _BiasAdd(torch.autograd.Function):

@@ -74,7 +74,7 @@ def logged(monkeypatch):
 
 # ------------------------------------------------------------------------------ model builders
 def build_model(cfg, *, pretrained: bool = False) -> torch.nn.Module:
-    """A config's whole detector or segmentor on CPU, as ``deepvit_mm.benchmark.build_from_config``
+    """A config's whole detector or segmentor on CPU, as ``deepvit_mm.runtime.build_from_config``
     builds it: mmdet's or mmseg's ``MODELS`` by the config's ``default_scope``, under that scope
     only, SyncBN reverted to BN (as mmengine's Runner does in one process), ``init_weights()`` run.
 
@@ -84,7 +84,7 @@ def build_model(cfg, *, pretrained: bool = False) -> torch.nn.Module:
             ``init_weights``). Default: False (dropped: the tests have no weights files; so is
             mmseg's ``model.pretrained``).
     """
-    from deepvit_mm.benchmark import build_from_config
+    from deepvit_mm.runtime import build_from_config
     cfg = copy.deepcopy(cfg)
     if not pretrained:
         cfg.model.backbone.init_cfg = None
@@ -105,7 +105,7 @@ def config_from_text(tmp_path, text: str):
 def seg_inputs(batch: int = 2, h: int = 64, w: int = 96, num_classes: int = 150) -> dict:
     """A segmentation batch as mmseg's data loader gives it (the harness's synthetic data): uint8
     images, random label maps."""
-    from deepvit_mm.benchmark.batches import synthetic_data
+    from deepvit_tools.benchmark.batches import synthetic_data
     return synthetic_data('seg', (h, w), batch=batch, num_classes=num_classes)
 
 
@@ -125,7 +125,7 @@ def finite_loss_and_grads(model: torch.nn.Module, data: dict) -> dict:
 @pytest.fixture(scope='session')
 def shapes(tmp_path_factory) -> str:
     """The COCO-format shapes demo dataset (16 train, 2 val images of 128 px), made once."""
-    from deepvit_mm.datasets import make_shapes_coco
+    from deepvit_tools.demo_data import make_shapes_coco
     root = str(tmp_path_factory.mktemp('shapes'))
     make_shapes_coco(root, num_train=16, num_val=2, size=128, seed=0)
     return root

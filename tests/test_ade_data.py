@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from deepvit_mm.datasets import (
+from deepvit_tools.demo_data import (
     ADE_DEMO_CLASSES,
     ADE_DEMO_LABELS,
     DatasetError,

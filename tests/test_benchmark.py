@@ -1,4 +1,4 @@
-"""The measurement harness (deepvit_mm.benchmark) and the three tools that call it.
+"""The measurement harness (deepvit_tools.benchmark) and the three tools that call it.
 
 Speed is measured by the tools, never asserted here: the tests check what each number is made of
 (which call was timed, what memory was counted, which rows a report gets)."""
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from deepvit_mm import benchmark as bm
+from deepvit_tools import benchmark as bm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
@@ -397,7 +397,7 @@ def test_evaluate_checkpoint_gives_the_miou_of_a_known_prediction(tmp_path):
     from mmengine.registry import DefaultScope
     from mmseg.registry import DATASETS
 
-    from deepvit_mm.datasets import make_ade_demo
+    from deepvit_tools.demo_data import make_ade_demo
     data = tmp_path / 'ade'
     make_ade_demo(str(data), num_train=1, num_val=2, size=128, seed=5)
     model, _ = bm.build_from_config(DEMO_SEG)
@@ -437,11 +437,11 @@ def test_evaluate_checkpoint_gives_the_miou_of_a_known_prediction(tmp_path):
 def test_split_step_leaves_the_gradients_of_a_whole_step(config, cfg_options, parts):
     """Timing the parts apart must not change what the step computes: every parameter's gradient
     equals that of the whole model's loss backward on the same batch and RNG state."""
-    from deepvit_mm.benchmark.step import split_backward
+    from deepvit_tools.benchmark.step import split_backward
     opts = dict(cfg_options or {}, **{'model.backbone.drop_path_rate': 0.0})
     model, task = bm.build_from_config(config, opts)
     model.train()
-    from deepvit_mm.benchmark.models import num_classes_of
+    from deepvit_mm.runtime import num_classes_of
     data = bm.synthetic_data(task, (64, 96), 2, num_classes_of(model, task), 3)
     torch.manual_seed(1)
     times = split_backward(model, data, task)

@@ -17,7 +17,7 @@ from timm.layers import resample_abs_pos_embed
 from timm.models.cait import TalkingHeadAttn
 
 from deepvit_mm import CaiT, CheckpointError, XCiT
-from deepvit_mm.backbones.window_attention import GridTalkingHeadAttn, talking_heads_chunked
+from deepvit_mm.backbones.cait.window_attention import GridTalkingHeadAttn, talking_heads_chunked
 
 
 def _timm_model(name: str, **kwargs) -> torch.nn.Module:
@@ -488,7 +488,7 @@ def test_query_chunked_attention_gradients_equal_timm():
 
 
 def test_query_chunk_dispatch(monkeypatch):
-    import deepvit_mm.backbones.window_attention as wa
+    import deepvit_mm.backbones.cait.window_attention as wa
     calls = []
     real = wa.talking_heads_chunked
     monkeypatch.setattr(wa, 'talking_heads_chunked',
@@ -517,7 +517,7 @@ def test_query_chunk_dispatch(monkeypatch):
 
 
 def test_cait_query_chunks_switch_and_parity(monkeypatch):
-    import deepvit_mm.backbones.window_attention as wa
+    import deepvit_mm.backbones.cait.window_attention as wa
     calls = []
     real = wa.talking_heads_chunked
     monkeypatch.setattr(wa, 'talking_heads_chunked',

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from deepvit_mm.datasets import SHAPE_CLASSES, DatasetError, check_coco_dataset, make_shapes_coco
+from deepvit_tools.demo_data import SHAPE_CLASSES, DatasetError, check_coco_dataset, make_shapes_coco
 
 
 @pytest.fixture(scope='module')

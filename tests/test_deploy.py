@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.nn as nn
 
-from deepvit_mm.datasets import make_shapes_coco
 from deepvit_mm.deploy import (
     check_export,
     dynamic_range,
@@ -32,6 +31,7 @@ from deepvit_mm.deploy import (
     wrap_for_export,
 )
 from deepvit_mm.torch_compat import TORCH_VERSION, onnx_dynamo_export_problem
+from deepvit_tools.demo_data import make_shapes_coco
 
 # tools/setup_env.sh installs .[tests,deploy]: a missing package is an error here, not a skip
 for _module in ('onnx', 'onnxruntime', 'onnxscript'):
@@ -141,8 +141,8 @@ def test_windowed_cait_dynamic_range_starts_above_one_window(tmp_path):
 def test_backbone_auto_choices_are_fixed_while_exporting():
     """'auto' decides per input in eager mode; while exporting it is a fixed path, so a graph
     traced at one size computes the same at another (what the tests above rely on)."""
-    from deepvit_mm.backbones import xcit_fast
-    from deepvit_mm.backbones.window_attention import default_query_chunk
+    from deepvit_mm.backbones.cait.window_attention import default_query_chunk
+    from deepvit_mm.backbones.xcit import fast as xcit_fast
     x = torch.zeros(1, 4096, 128)  # many tokens: the fast path helps on CPU
     assert xcit_fast.fast_path_helps(x) and not xcit_fast.fast_path_helps(x[:, :16])
     assert default_query_chunk(torch.device('cpu')) is not None

@@ -98,3 +98,24 @@ def test_onnx_export_needs_the_torch_it_was_measured_on(monkeypatch, torch_versi
 def test_arch_fixed_arguments_refused():
     with pytest.raises(ValueError, match="patch_size is fixed by arch='small_12_p16'.*valid:"):
         XCiT('small_12_p16', patch_size=4)
+
+
+def test_the_installed_package_never_imports_the_tools_library():
+    """deepvit_mm is the product: importing every one of its modules loads nothing of
+    deepvit_tools (the measuring harness and demo-data generators beside tools/), which setup.py
+    does not install."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ('import importlib, pkgutil, sys, deepvit_mm\n'
+            'names = [m.name for m in pkgutil.walk_packages(deepvit_mm.__path__, "deepvit_mm.")]\n'
+            'for n in names: importlib.import_module(n)\n'
+            'print(len(names), sorted(m for m in sys.modules if m.split(".")[0] == "deepvit_tools"))')
+    out = subprocess.run([sys.executable, '-c', code], cwd=root, capture_output=True, text=True,
+                         timeout=600, env=dict(os.environ, PYTHONPATH=root))
+    assert out.returncode == 0, out.stderr[-3000:]
+    count, loaded = out.stdout.split(' ', 1)
+    files = [f for d, _, fs in os.walk(os.path.join(root, 'deepvit_mm')) if '.mim' not in d
+             for f in fs if f.endswith('.py')]
+    assert int(count) == len(files) - 1 and loaded.strip() == '[]', out.stdout  # every module

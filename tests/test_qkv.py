@@ -15,7 +15,7 @@ from mmengine.optim import build_optim_wrapper
 from timm.models.xcit import XCA
 
 from deepvit_mm import CheckpointError, XCiT
-from deepvit_mm.qkv import (
+from deepvit_mm.backbones.xcit.qkv import (
     FSNE,
     PSNE,
     SNE,

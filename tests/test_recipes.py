@@ -22,7 +22,7 @@ import torch
 from conftest import CONFIG_DIR
 from mmengine.config import Config
 
-from deepvit_mm.runtime import fit_precision_to_device
+from deepvit_mm.runtime import build_from_config, fit_precision_to_device
 
 OFFICIAL_COMMIT = '9a7df94013b2945ec8532e2e4db32d03fc1ac297'
 DET_FILE = 'detection/configs/xcit/mask_rcnn_xcit_{size}_p{patch}_3x_coco.py'
@@ -111,15 +111,7 @@ def _build_on_meta(cfg: Config) -> torch.nn.Module:
     cfg = copy.deepcopy(cfg)
     cfg.model.backbone.init_cfg = None
     cfg.model.pop('pretrained', None)
-    if cfg.default_scope == 'mmdet':
-        from mmdet.registry import MODELS
-        from mmdet.utils import register_all_modules
-    else:
-        from mmseg.registry import MODELS
-        from mmseg.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
-    with torch.device('meta'):
-        return MODELS.build(cfg.model)
+    return build_from_config(cfg, device='meta')[0]
 
 
 def test_every_recipe_is_covered():

@@ -132,7 +132,7 @@ def _run_test(tmp_path, config, data_root, checkpoint, *extra):
 
 
 def _checkpoint(config, path):
-    from deepvit_mm.benchmark import build_from_config
+    from deepvit_mm.runtime import build_from_config
     model, _ = build_from_config(config)
     torch.save({'state_dict': model.state_dict()}, str(path))
 
@@ -140,7 +140,7 @@ def _checkpoint(config, path):
 def test_tools_test_tta_on_the_demo_segmentor(tmp_path):
     """12 views an image (6 scales x flip), 12 backbone forwards an image, SegTTAModel merging,
     an mIoU; without --tta one view and one forward. --vis-backend writes TensorBoard events."""
-    from deepvit_mm.datasets import make_ade_demo
+    from deepvit_tools.demo_data import make_ade_demo
     data = tmp_path / 'ade'
     make_ade_demo(str(data), num_train=1, num_val=2, size=128, seed=3)
     _checkpoint(DEMO_SEG, tmp_path / 'seg.pth')
@@ -157,7 +157,7 @@ def test_tools_test_tta_on_the_demo_segmentor(tmp_path):
 def test_tools_test_tta_on_the_demo_detector(tmp_path):
     """2 views an image (flip), DetTTAModel merging the boxes, a bbox mAP; the mask head left
     out (its tensors skipped, nothing left at init)."""
-    from deepvit_mm.datasets import make_shapes_coco
+    from deepvit_tools.demo_data import make_shapes_coco
     data = tmp_path / 'shapes'
     make_shapes_coco(str(data), num_train=1, num_val=2, size=128, seed=3)
     _checkpoint(DEMO_DET, tmp_path / 'det.pth')

@@ -1,4 +1,4 @@
-"""The fast XCiT forward (deepvit_mm.backbones.xcit_fast) equals timm's, forward and backward."""
+"""The fast XCiT forward (deepvit_mm.backbones.xcit.fast) equals timm's, forward and backward."""
 import copy
 import os
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-import deepvit_mm.backbones.xcit_fast as xcit_fast
+import deepvit_mm.backbones.xcit.fast as xcit_fast
 from deepvit_mm import XCiT
-from deepvit_mm.backbones.xcit_fast import xca_block_inference, xca_from_gram
+from deepvit_mm.backbones.xcit.fast import xca_block_inference, xca_from_gram
 
 
 def _randomize(m: nn.Module) -> nn.Module:

@@ -84,7 +84,7 @@ def test_metafile_weights_are_the_official_xcit_release_of_the_recipe():
 def test_metafile_params_and_flops_are_what_get_flops_counts():
     """Every entry's Parameters and FLOPs (exact) against ``config_flops`` at the tables' sizes
     (meta device: ~2 s a recipe, most of it building the model)."""
-    from deepvit_mm.benchmark.flops import config_flops
+    from deepvit_tools.benchmark.flops import config_flops
     wrong = []
     for _, m in _zoo():
         r = config_flops(os.path.join(ROOT, m['Config']))
@@ -109,8 +109,8 @@ def test_flops_match_fvcore_on_timm_block_by_block(arch, shape):
     import timm
     from fvcore.nn import FlopCountAnalysis
 
-    from deepvit_mm.benchmark import build_backbone
-    from deepvit_mm.benchmark.flops import backbone_macs
+    from deepvit_tools.benchmark import build_backbone
+    from deepvit_tools.benchmark.flops import backbone_macs
     backbone = build_backbone(arch)  # CaiT: global attention by default
     ours = backbone_macs(backbone, shape)
     ref_model = timm.create_model(backbone.arch_zoo[backbone.arch].timm, num_classes=0).eval()
@@ -131,8 +131,8 @@ def test_attention_counts_follow_the_papers_formulas():
     """XCA: q^T k and attn v, d^2 N / h multiply-adds each per block; talking heads in k x k
     windows (and globally in the tapped blocks): q k^T and attn v, n^2 d each, and the two
     head mixings, n^2 h^2 each, per window of n tokens."""
-    from deepvit_mm.benchmark import build_backbone
-    from deepvit_mm.benchmark.flops import attention_macs, backbone_macs
+    from deepvit_tools.benchmark import build_backbone
+    from deepvit_tools.benchmark.flops import attention_macs, backbone_macs
     xcit = build_backbone('nano_12_p16')  # d 128, 4 heads, 12 blocks
     macs = backbone_macs(xcit, (160, 224))
     n = 10 * 14
@@ -205,6 +205,29 @@ def test_wheel_ships_the_model_index_tools_and_configs(installed):
                 assert (mim / m['Config']).is_file(), m['Config']  # as mim and mmengine read it
     assert (mim / 'tools' / 'train.py').is_file() and (mim / 'tools' / 'test.py').is_file()
     assert (mim / 'configs' / 'configs' / '_base_' / 'default_runtime.py').is_file()
+    # every config and tool, nested folders included (named one by one in setup.py: setuptools
+    # before 62.3 drops what only a '**' glob names)
+    for top, into in (('configs', 'configs/configs'), ('tools', 'tools')):
+        want = {os.path.relpath(p, os.path.join(ROOT, top))
+                for p in glob.glob(os.path.join(ROOT, top, '**', '*.*'), recursive=True)
+                if p.endswith(('.py', '.sh')) and '__pycache__' not in p}
+        got = {os.path.relpath(p, mim / into)
+               for p in glob.glob(str(mim / into / '**' / '*.*'), recursive=True)}
+        assert want and want <= got, sorted(want - got)
+
+
+def test_wheel_requires_what_import_accepts(installed):
+    """pip refuses what ``import deepvit_mm`` refuses: the wheel's Requires-Dist ranges are
+    version.SUPPORTED's; the extras pin nothing that downgrades setuptools."""
+    from deepvit_mm.version import SUPPORTED
+    (meta,) = glob.glob(str(installed / '*.dist-info' / 'METADATA'))
+    requires = re.findall(r'^Requires-Dist: (.+)$', open(meta).read(), flags=re.M)
+    for pkg in ('mmengine', 'mmdet', 'mmsegmentation', 'timm'):
+        lo, hi = SUPPORTED[pkg]
+        (line,) = [r for r in requires if re.match(rf'{pkg}\b', r)]
+        assert set(re.findall(r'[<>=!]+[\w.]+', line.split(';')[0])) == {f'>={lo}', f'<{hi}'}, line
+    assert [r for r in requires if r.startswith('opendatalab')] and all(
+        '<0.0.10' in r for r in requires if r.startswith('opendatalab')), requires
 
 
 def test_mim_search_lists_every_recipe(installed, tmp_path):
@@ -243,7 +266,7 @@ def test_mim_train_and_test_run_the_tools(installed, tmp_path):
     """``mim train deepvit_mm CONFIG`` (by name: mim finds it in .mim) runs .mim/tools/train.py,
     here 2 iterations of the demo segmentor with a TensorBoard backend; ``mim test`` then
     evaluates its checkpoint."""
-    from deepvit_mm.datasets import make_ade_demo
+    from deepvit_tools.demo_data import make_ade_demo
     data = tmp_path / 'ade'
     make_ade_demo(str(data), num_train=2, num_val=2, size=128, seed=3)
     opts = ['--cfg-options', f'train_dataloader.dataset.data_root={data}',
@@ -272,14 +295,14 @@ def test_mim_train_and_test_run_the_tools(installed, tmp_path):
 # ------------------------------------------------------------------------------ image demo
 def _demo_checkpoint(config: str, path) -> None:
     """A detector/segmentor checkpoint of ``config`` with random weights, no class names."""
-    from deepvit_mm.benchmark import build_from_config
+    from deepvit_mm.runtime import build_from_config
     model, _ = build_from_config(config)
     torch.save({'state_dict': model.state_dict()}, str(path))
 
 
 @pytest.mark.parametrize('config', [DEMO_SEG, DEMO_DET], ids=['seg', 'det'])
 def test_image_demo_draws_predictions_from_a_file_and_an_url(config, tmp_path, server):
-    from deepvit_mm.datasets import make_ade_demo, make_shapes_coco
+    from deepvit_tools.demo_data import make_ade_demo, make_shapes_coco
     seg = config == DEMO_SEG
     if seg:
         make_ade_demo(str(tmp_path / 'data'), num_train=1, num_val=1, size=128, seed=1)

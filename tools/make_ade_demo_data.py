@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from deepvit_mm.datasets import DatasetError, check_ade_dataset, make_ade_demo  # noqa: E402
+from deepvit_tools.demo_data import DatasetError, check_ade_dataset, make_ade_demo  # noqa: E402
 
 
 def parse_args():

@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from deepvit_mm.datasets import make_shapes_coco  # noqa: E402
+from deepvit_tools.demo_data import make_shapes_coco  # noqa: E402
 
 
 def parse_args():

@@ -12,7 +12,7 @@ _base_ = [
     '../_base_/default_runtime.py',
 ]
 
-classes = ('sky', 'floor', 'box', 'tent', 'ball')  # deepvit_mm.datasets.ADE_DEMO_CLASSES
+classes = ('sky', 'floor', 'box', 'tent', 'ball')  # deepvit_tools.demo_data.ADE_DEMO_CLASSES
 data_root = 'data/ade_demo'
 crop_size = (192, 192)
 channels = 64  # FPN and head

@@ -1,6 +1,5 @@
-from .cait import CaiT
+from .cait import CaiT, GridTalkingHeadAttn
 from .columnar import ColumnarBackbone
-from .window_attention import GridTalkingHeadAttn
 from .xcit import XCiT
 
 __all__ = ['CaiT', 'ColumnarBackbone', 'GridTalkingHeadAttn', 'XCiT']

@@ -1,12 +1,13 @@
 """What a backbone refuses before it runs, with a message that says what to pass instead.
 
 Constructor arguments the trunk would reject with an unhelpful message or accept wrongly
-(``check_arguments``), an input the model cannot take (``check_input``: shape, channels, dtype,
-size, NaN), and the free memory a forward is checked against (``free_memory``; the estimate of
-what a forward needs is the family's, ``ColumnarBackbone._activation_bytes``).
+(``check_arguments``; ``check_out_indices``: the taps, one per level), an input the model cannot
+take (``check_input``: shape, channels, dtype, size, NaN), and the free memory a forward is
+checked against (``free_memory``; the estimate of what a forward needs is the family's,
+``ColumnarBackbone._activation_bytes``).
 """
 import numbers
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -14,22 +15,45 @@ import torch.nn as nn
 from ..torch_compat import autocast_enabled
 from ..tracing import in_graph_capture
 
-__all__ = ['check_arguments', 'check_input', 'free_memory']
+__all__ = ['check_arguments', 'check_out_indices', 'check_input', 'free_memory']
 
 
-def check_arguments(name: str, out_indices, drop_path_rate, norm_cfg, frozen_stages) -> None:
+def check_out_indices(name: str, arch: str, out_indices, depth: int, default: Sequence[int],
+                      out_strides: Sequence[int]) -> Tuple[int, ...]:
+    """The blocks to tap, as a tuple: 0-based, in ``[0, depth)``, strictly increasing, one per
+    output stride; else ``TypeError``/``ValueError`` saying what to pass.
+
+    Args:
+        name (str): The backbone's class name; ``arch`` its arch, for the messages.
+        out_indices: As given to the backbone (or its default taps).
+        depth (int): Blocks of the arch; ``default`` its default taps, named in the message.
+        out_strides (Sequence[int]): The output strides, one tap each.
+    """
+    if isinstance(out_indices, (str, bytes)) or not isinstance(out_indices, Sequence) \
+            or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool)
+                       for i in out_indices):
+        raise TypeError(f'{name}: out_indices must be a sequence of 0-based block indices, one '
+                        f'per output stride, e.g. (3, 5, 7, 11); got {out_indices!r}.')
+    idx = tuple(int(i) for i in out_indices)
+    if not idx or any(i < 0 or i >= depth for i in idx):
+        raise ValueError(f'{name}({arch}): out_indices {tuple(out_indices)} must be 0-based block '
+                         f'indices in [0, {depth - 1}] (the default is {tuple(default)}).')
+    if list(idx) != sorted(set(idx)):
+        raise ValueError(f'{name}({arch}): out_indices {idx} must be strictly increasing, e.g. '
+                         f'{tuple(sorted(set(idx)))}.')
+    if len(idx) != len(out_strides):
+        raise ValueError(f'{name}: {len(idx)} out_indices {idx} for {len(out_strides)} out_strides '
+                         f'{tuple(out_strides)}: give one tap per level.')
+    return idx
+
+
+def check_arguments(name: str, drop_path_rate, norm_cfg, frozen_stages) -> None:
     """Argument types the trunk would reject with an unhelpful message (or accept wrongly).
 
     Args:
         name (str): The backbone's class name, for the messages.
-        out_indices, drop_path_rate, norm_cfg, frozen_stages: As given to the backbone.
+        drop_path_rate, norm_cfg, frozen_stages: As given to the backbone.
     """
-    if out_indices is not None and (
-            isinstance(out_indices, (str, bytes)) or not isinstance(out_indices, Sequence)
-            or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool)
-                       for i in out_indices)):
-        raise TypeError(f'{name}: out_indices must be a sequence of 0-based block indices, one '
-                        f'per output stride, e.g. (3, 5, 7, 11); got {out_indices!r}.')
     if drop_path_rate is not None and (
             not isinstance(drop_path_rate, numbers.Real) or isinstance(drop_path_rate, bool)
             or not 0 <= drop_path_rate < 1):

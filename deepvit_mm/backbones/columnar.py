@@ -8,7 +8,7 @@ convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_
 import difflib
 import re
 import sys
-from typing import Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Callable, ClassVar, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
@@ -17,15 +17,55 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..consumers import FeatureLevels, check_model_around, paper_taps
-from ..pyramid import ColumnarPyramid
+from ..consumers import check_model_around
+from ..pyramid import PAPER_STRIDES, ColumnarPyramid
 from ..torch_compat import autocast_enabled
 from ..tracing import in_graph_capture
-from .checks import check_arguments, check_input, free_memory
+from .checks import check_arguments, check_input, check_out_indices, free_memory
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 from .weights import ColumnarWeights
 
-__all__ = ['ColumnarBackbone', 'ArchSpec']
+__all__ = ['ColumnarBackbone', 'ArchSpec', 'FeatureLevels', 'paper_taps']
+
+
+class FeatureLevels(NamedTuple):
+    """What a backbone feeds its neck or heads, one entry per level.
+
+    Attributes:
+        channels (list[int]): Channels of each level (a neck's or head's ``in_channels``).
+        strides (tuple[int]): Stride of each level.
+        out_indices (tuple[int]): The 0-based trunk block tapped for each level.
+    """
+    channels: List[int]
+    strides: Tuple[int, ...]
+    out_indices: Tuple[int, ...]
+
+
+def paper_taps(name: str, taps: Sequence[int], out_strides: Sequence[int]) -> Tuple[int, ...]:
+    """The paper's taps for ``out_strides``: all four for four levels (whatever their strides,
+    as before there was a choice), else the tap of each stride.
+
+    Args:
+        name (str): The backbone, for messages (``XCiT(nano_12_p16)``).
+        taps (Sequence[int]): The paper's four taps, for strides ``PAPER_STRIDES``.
+        out_strides (Sequence[int]): Strides asked for: four, or fewer, increasing, out of
+            ``PAPER_STRIDES``.
+
+    Returns:
+        tuple[int]: One 0-based block per stride, e.g. ``(5, 7, 11)`` for ``(8, 16, 32)`` of a
+        12-block XCiT.
+    """
+    strides = tuple(out_strides)
+    if len(strides) == len(taps):
+        return tuple(taps)
+    if not strides or any(s not in PAPER_STRIDES for s in strides) or \
+            any(a >= b for a, b in zip(strides, strides[1:])):
+        raise ValueError(
+            f'{name}: out_strides={strides} has no default out_indices: the paper taps one block '
+            f'per stride of {PAPER_STRIDES} ({tuple(taps)}), so increasing strides out of those take '
+            'their taps by default (e.g. out_strides=(8, 16, 32)); for others give out_indices, '
+            'one strictly increasing 0-based block per stride.')
+    return tuple(taps[PAPER_STRIDES.index(s)] for s in strides)
 
 
 class ArchSpec(dict):
@@ -122,7 +162,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                                  'not both.')
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         super().__init__(init_cfg=init_cfg)
-        check_arguments(type(self).__name__, out_indices, drop_path_rate, norm_cfg, frozen_stages)
+        check_arguments(type(self).__name__, drop_path_rate, norm_cfg, frozen_stages)
         self.arch = self.resolve_arch(arch)
         fixed = sorted(set(trunk_kwargs) & {'patch_size', 'embed_dim', 'depth', 'num_heads'})
         if fixed:
@@ -135,7 +175,8 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         self.embed_dim = spec.embed_dim
         if out_indices is None:  # the paper's taps of the strides asked for
             out_indices = self.default_out_indices(self.arch, out_strides)
-        self.out_indices = self._check_out_indices(out_indices, spec)
+        self.out_indices = check_out_indices(type(self).__name__, self.arch, out_indices,
+                                             spec.depth, spec.out_indices, out_strides)
         self.norm_cfg = norm_cfg or dict(type='BN', requires_grad=True)
         self.pad_to = max(max(out_strides), self.patch_size)
         self.pad_input = pad_input
@@ -166,10 +207,6 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                                  "dict(type='BN'), dict(type='SyncBN') or dict(type='GN', "
                                  'num_groups=G) with G dividing every channel count.') from e
             raise
-        if len(self.out_indices) != len(self.adapter.levels):
-            raise ValueError(
-                f'{type(self).__name__}: {len(self.out_indices)} out_indices {self.out_indices} '
-                f'for {len(out_strides)} out_strides {tuple(out_strides)}: give one tap per level.')
         self.out_channels = [self.embed_dim] * len(self.out_indices)
         self.out_strides = tuple(out_strides)
         self.frozen_stages = frozen_stages
@@ -198,17 +235,6 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                 + f' Valid: {", ".join(cls.arch_zoo)} (or timm names such as '
                 + f'{next(iter(cls.arch_zoo.values())).timm!r}).')
         return name
-
-    def _check_out_indices(self, out_indices, spec: ArchSpec) -> Tuple[int, ...]:
-        idx = tuple(int(i) for i in out_indices)
-        if not idx or any(i < 0 or i >= spec.depth for i in idx):
-            raise ValueError(f'{type(self).__name__}({self.arch}): out_indices {tuple(out_indices)} '
-                             f'must be 0-based block indices in [0, {spec.depth - 1}] '
-                             f'(the default is {tuple(spec.out_indices)}).')
-        if list(idx) != sorted(set(idx)):
-            raise ValueError(f'{type(self).__name__}({self.arch}): out_indices {idx} must be '
-                             f'strictly increasing, e.g. {tuple(sorted(set(idx)))}.')
-        return idx
 
     # ----------------------------------------------------------------- what a neck or head reads
     consumers_checked: bool = False  # set once the model around this backbone was checked

@@ -6,10 +6,10 @@
 * ``layers``: export forms of the head layers whose forward would freeze the input size;
 * ``export``: building a config's model with its checkpoint, ``torch.onnx`` export (fixed or
   dynamic size), ONNX Runtime sessions;
-* ``parity``: exported outputs against PyTorch's (relative error, detection matching);
-* ``speed``: ONNX Runtime against PyTorch eager, timed interleaved by the benchmark harness.
+* ``parity``: exported outputs against PyTorch's (relative error, detection matching).
 
-``tools/deploy/`` calls these; docs/deployment.md says how, and what was measured.
+``tools/deploy/`` calls these (``tools/analysis/benchmark_onnx.py`` times ONNX Runtime against
+PyTorch); docs/deployment.md says how, and what was measured.
 """
 from .detection import mask_rcnn_end_to_end
 from .export import (

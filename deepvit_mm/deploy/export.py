@@ -13,7 +13,7 @@ data preprocessors of the recipes pad to and what the backbones pad to themselve
 no padding branch depends on the size. Inside that range the graph has no size-dependent Python
 branch left: the backbones skip their value checks while exporting and take fixed choices where
 their ``'auto'`` fast paths (``gram_xca``, ``query_chunks``) would decide per input
-(``deepvit_mm/backbones/xcit_fast.py``, ``window_attention.py``, ``cait.py``'s position
+(``deepvit_mm/backbones/xcit/fast.py``, ``cait/window_attention.py``, ``cait/model.py``'s position
 embedding), and the heads' layers that would freeze it run their export forms (``layers.py``:
 mmseg's ``Upsample``, ``AdaptiveAvgPool2d``).
 """
@@ -64,8 +64,8 @@ def load_model(config: str, checkpoint: Optional[str] = None, cfg_options: Optio
     Returns:
         tuple[nn.Module, str]: the model and its task (``'det'`` or ``'seg'``).
     """
-    from ..benchmark.models import build_from_config, load_config
     from ..checkpoints import load_weights, read_checkpoint, require_complete_model, resolve_checkpoint
+    from ..runtime.config import build_from_config, load_config
     model, task = build_from_config(load_config(config, cfg_options))
     if checkpoint is not None:
         path = resolve_checkpoint(checkpoint)
@@ -78,9 +78,9 @@ def load_model(config: str, checkpoint: Optional[str] = None, cfg_options: Optio
 
 
 def example_input(shape: Sequence[int], seed: int = 0) -> torch.Tensor:
-    """A ``(1, 3, H, W)`` standard-normal image (a normalised image's statistics)."""
-    from ..benchmark.batches import backbone_input
-    return backbone_input(tuple(shape), 1, 'cpu', seed)
+    """A ``(1, 3, H, W)`` standard-normal image (a normalised image's statistics), the same for
+    the same ``seed``."""
+    return torch.randn(1, 3, *shape, generator=torch.Generator().manual_seed(seed))
 
 
 def dynamic_range(wrapper: nn.Module) -> Tuple[int, int]:

@@ -1,28 +1,28 @@
 """How close an exported model's outputs are to PyTorch's.
 
-* maps (backbone levels, ``seg_logits``): ``max_rel_err``, the largest ``max|a - b| / max|b|``
-  over the outputs (the benchmark harness's measure);
+* maps (backbone levels, ``seg_logits``): ``max_rel_err``, the largest
+  ``max|output - reference| / max|reference|`` over the outputs (the measuring harness's too);
 * detections: ``match_detections`` pairs each PyTorch box above a score threshold with an
   exported one of the same label and IoU above a threshold (one-to-one, best IoU first).
 """
 from typing import Dict, List, Sequence
 
-import numpy as np
 import torch
-
-from ..benchmark.compare import max_rel_err as tensors_max_rel_err
 
 __all__ = ['max_rel_err', 'match_detections', 'check_export']
 
 
-def max_rel_err(reference: Sequence[torch.Tensor], outputs: Sequence[np.ndarray]) -> float:
-    """Largest relative difference of ``outputs`` from ``reference`` (same order and shapes)."""
+def max_rel_err(reference: Sequence[torch.Tensor], outputs: Sequence) -> float:
+    """Largest relative difference of ``outputs`` (tensors or arrays) from ``reference`` (same
+    order and shapes): the max over outputs of ``max|output - reference| / max|reference|``, each
+    relative to its own reference's scale."""
     if len(reference) != len(outputs):
         raise ValueError(f'{len(outputs)} outputs for {len(reference)} reference tensors')
     for r, o in zip(reference, outputs):
         if tuple(r.shape) != tuple(o.shape):
-            raise ValueError(f'output shape {tuple(o.shape)} != PyTorch\'s {tuple(r.shape)}')
-    return tensors_max_rel_err([torch.as_tensor(o) for o in outputs], list(reference))
+            raise ValueError(f'output shape {tuple(o.shape)} != the reference\'s {tuple(r.shape)}')
+    return max(float((torch.as_tensor(o).float() - r.float()).abs().max()
+                     / r.float().abs().max().clamp_min(1e-12)) for r, o in zip(reference, outputs))
 
 
 def match_detections(ref_boxes: torch.Tensor, ref_scores: torch.Tensor, ref_labels: torch.Tensor,

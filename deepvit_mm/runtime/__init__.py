@@ -5,18 +5,22 @@
   the fp16 recipes' float32 fallback without a GPU (``fit_precision_to_device``);
 - ``distributed``: distributed runs on CPU processes (gloo) through mmengine's Runner;
 - ``allocator``: glibc malloc tuning for CPU runs;
-- ``config``: reading a config for a run as mmdet's and mmseg's tools do.
+- ``config``: reading a config and building its model as mmdet's and mmseg's tools do.
 """
 from .allocator import keep_freed_cpu_memory
 from .amp import CPUAmpOptimWrapper, fit_precision_to_device, run_mmcv_ops_in_float32
 from .config import (
     VIS_BACKENDS,
+    build_from_config,
     build_inferencer,
     enable_tta,
     enable_visualization,
+    load_config,
+    num_classes_of,
     prepare_config,
     set_vis_backends,
     task_of,
+    task_registry,
 )
 from .distributed import CPUDistributedDataParallel, setup_cpu_distributed
 from .hooks import CheckpointWriteError, CrashSafeCheckpointHook, FiniteLossHook, RNGStateHook
@@ -24,5 +28,6 @@ from .hooks import CheckpointWriteError, CrashSafeCheckpointHook, FiniteLossHook
 __all__ = ['CrashSafeCheckpointHook', 'CheckpointWriteError', 'FiniteLossHook', 'RNGStateHook',
            'CPUAmpOptimWrapper', 'run_mmcv_ops_in_float32', 'fit_precision_to_device',
            'CPUDistributedDataParallel', 'setup_cpu_distributed',
-           'keep_freed_cpu_memory', 'prepare_config', 'task_of', 'enable_visualization',
+           'keep_freed_cpu_memory', 'prepare_config', 'task_of', 'task_registry', 'load_config',
+           'build_from_config', 'num_classes_of', 'enable_visualization',
            'VIS_BACKENDS', 'set_vis_backends', 'enable_tta', 'build_inferencer']

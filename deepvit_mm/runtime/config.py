@@ -1,8 +1,8 @@
-"""Reading a config for a run as mmdet's and mmseg's tools do: ``tools/train.py``,
-``tools/test.py`` and the benchmark harness's evaluation use it."""
+"""Reading a config and building its model as mmdet's and mmseg's tools do: ``tools/train.py``,
+``tools/test.py``, ONNX export (``deepvit_mm.deploy``) and the tools' measuring harness use it."""
 import copy
 import os.path as osp
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -10,7 +10,8 @@ import torch.nn as nn
 from mmengine.config import Config, ConfigDict
 from mmengine.logging import print_log
 
-__all__ = ['task_of', 'prepare_config', 'enable_visualization', 'VIS_BACKENDS', 'set_vis_backends',
+__all__ = ['task_of', 'task_registry', 'load_config', 'build_from_config', 'num_classes_of',
+           'prepare_config', 'enable_visualization', 'VIS_BACKENDS', 'set_vis_backends',
            'TTA_SCALE_RATIOS', 'enable_tta', 'build_inferencer']
 
 
@@ -21,6 +22,81 @@ def task_of(cfg: Config) -> str:
         raise ValueError(f'unsupported default_scope {scope!r}: configs must inherit an mmdet or '
                          'mmseg base (default_scope "mmdet" or "mmseg").')
     return 'det' if scope == 'mmdet' else 'seg'
+
+
+def task_registry(task: str, name: str = 'MODELS'):
+    """mmdet's (``task='det'``) or mmseg's (``'seg'``) registry ``name`` (``'MODELS'``,
+    ``'DATASETS'``), with the library's modules registered and the default scope left as it is."""
+    if task == 'seg':
+        import mmseg.registry as registry
+        from mmseg.utils import register_all_modules
+    elif task == 'det':
+        import mmdet.registry as registry
+        from mmdet.utils import register_all_modules
+    else:
+        raise ValueError(f"task {task!r}: use 'det' or 'seg'")
+    register_all_modules(init_default_scope=False)
+    return getattr(registry, name)
+
+
+def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
+    """Read a config for building its model without its weights (to export, count or measure it):
+    ``cfg_options`` merged, no weights file (``model.backbone.init_cfg`` and mmseg's
+    ``model.pretrained`` cleared); a float16 ``AmpOptimWrapper`` trains in float32 without a GPU,
+    as ``tools/train.py`` runs it."""
+    from .amp import fit_precision_to_device
+    cfg = Config.fromfile(path)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    fit_precision_to_device(cfg)
+    if cfg.model.get('backbone') is not None:
+        cfg.model.backbone.init_cfg = None
+    if 'pretrained' in cfg.model:
+        cfg.model.pretrained = None
+    return cfg
+
+
+def build_from_config(cfg, cfg_options: Optional[dict] = None, *,
+                      device: Optional[str] = None) -> Tuple[nn.Module, str]:
+    """A config's detector or segmentor, built by mmdet's or mmseg's ``MODELS`` in the config's
+    scope (the caller's default scope stays as it was), SyncBN reverted to BN (one process).
+
+    Args:
+        cfg (str | Config): A config file (read with ``load_config``) or a loaded config.
+        cfg_options (dict, optional): Overrides, as ``--cfg-options`` gives them (for a file).
+        device (str, optional): ``'meta'``: every tensor on the meta device, no memory and no
+            ``init_weights`` (which reads values). Default: initialised weights on the CPU.
+
+    Returns:
+        tuple[nn.Module, str]: the model and its task, ``'det'`` or ``'seg'``.
+    """
+    from mmengine.model.utils import revert_sync_batchnorm
+    from mmengine.registry import DefaultScope
+    if isinstance(cfg, str):
+        cfg = load_config(cfg, cfg_options)
+    task = task_of(cfg)
+    models = task_registry(task)
+    with DefaultScope.overwrite_default_scope(cfg.get('default_scope', 'mmdet')):
+        if device == 'meta':
+            with torch.device('meta'):
+                return revert_sync_batchnorm(models.build(cfg.model)), task
+        if device is not None:
+            raise ValueError(f"device {device!r}: use None or 'meta'")
+        model = revert_sync_batchnorm(models.build(cfg.model))
+        model.init_weights()
+    return model, task
+
+
+def num_classes_of(model: nn.Module, task: str) -> int:
+    """Classes the heads predict: the seg decode head's, the RoI box head's, or a one-stage
+    head's; 80 (COCO) when none says."""
+    if task == 'seg':
+        return int(model.decode_head.num_classes)
+    for head in (getattr(getattr(model, 'roi_head', None), 'bbox_head', None),
+                 getattr(model, 'bbox_head', None)):
+        if head is not None and hasattr(head, 'num_classes'):
+            return int(head.num_classes)
+    return 80
 
 
 def prepare_config(config: str, *, work_dir: Optional[str] = None, cfg_options=None,
@@ -220,29 +296,16 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None):
     model = inferencer.model
     meta = dict(getattr(model, 'dataset_meta', None) or {})
     classes = meta.get('classes')
-    if classes is None or len(classes) != _num_classes(model, task):
+    if classes is None or len(classes) != num_classes_of(model, task):
         model.dataset_meta = _config_dataset_meta(cfg, task)
         inferencer.visualizer.dataset_meta = model.dataset_meta
     return inferencer, task
 
 
-def _num_classes(model: nn.Module, task: str) -> int:
-    if task == 'seg':
-        return int(model.decode_head.num_classes)
-    head = getattr(getattr(model, 'roi_head', None), 'bbox_head', None) or model.bbox_head
-    return int(head.num_classes)
-
-
 def _config_dataset_meta(cfg: Config, task: str) -> dict:
     """Class names and colours of the config's test dataset: the dataset's own colours for the
     classes it names, fixed random ones where it has none."""
-    if task == 'det':
-        from mmdet.registry import DATASETS
-        from mmdet.utils import register_all_modules
-    else:
-        from mmseg.registry import DATASETS
-        from mmseg.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
+    DATASETS = task_registry(task, 'DATASETS')
     data = cfg.test_dataloader.dataset
     while 'dataset' in data:
         data = data['dataset']

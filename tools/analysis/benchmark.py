@@ -13,7 +13,7 @@ Examples:
       --checkpoint upernet_xcit_small_12_p8.pth       # + mIoU on ADE20k val (single-scale)
   python tools/analysis/benchmark.py --quick                   # tiny model and sizes, one repeat
 
-How it measures (docs/benchmark.md; the harness is deepvit_mm/benchmark/): latency is the median
+How it measures (docs/benchmark.md; the harness is deepvit_tools/benchmark/): latency is the median
 of --repeats timed calls after --warmup calls (the first call measures memory and counts as a
 warm-up call; with --warmup 0 it is the first timed call); throughput = batch / latency. Every
 measurement runs in a fresh process (CPU: forked from a clean fork server; CUDA: spawned); its
@@ -79,7 +79,7 @@ def parse_args(argv=None):
                    help='with --arch, on CPU: also profile one fp32 call of each pass of each '
                         'arch and size by kind of work (matrix products, convolutions, GELU, '
                         'normalisation, copies...), each against its own floor measured in the '
-                        'same process (deepvit_mm/benchmark/breakdown.py)')
+                        'same process (deepvit_tools/benchmark/breakdown.py)')
     p.add_argument('--compare-only', action='store_true',
                    help='with --compare-timm: only the comparison, not the per-model table')
     p.add_argument('--checkpoint', help='with --config: evaluate this checkpoint on the '
@@ -150,7 +150,7 @@ def main(argv=None):
     args = parse_args(argv)
     import torch
 
-    from deepvit_mm import benchmark as bm
+    from deepvit_tools import benchmark as bm
     if args.device == 'auto':
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if args.threads == 0:

@@ -1,6 +1,6 @@
 """Peak memory and time of one forward + backward of a CaiT backbone, global vs windowed attention.
 
-Every variant runs in a fresh process (deepvit_mm.benchmark.run_isolated), so that its peak is its
+Every variant runs in a fresh process (deepvit_tools.benchmark.run_isolated), so that its peak is its
 own; how each number is taken is in docs/benchmark.md:
 
 * CPU: the peak resident set of the first pass (the kernel's high-water mark, reset right before
@@ -38,7 +38,7 @@ import sys
 from typing import List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from deepvit_mm.benchmark.report import fmt, markdown_table  # noqa: E402
+from deepvit_tools.benchmark.report import fmt, markdown_table  # noqa: E402
 
 VARIANTS = ('global', 'global+cp', 'window', 'window+cp')
 
@@ -69,7 +69,7 @@ def parse_args(argv=None):
 
 def variant_case(args, variant: str):
     """The harness's Case for one variant: a CaiT built through the registry."""
-    from deepvit_mm.benchmark import Case
+    from deepvit_tools.benchmark import Case
     windowed = variant.startswith('window')
     backbone = dict(window_size=args.window_size if windowed else 0,
                     with_cp=variant.endswith('+cp'), drop_path_rate=0.0)
@@ -128,7 +128,7 @@ def cait_variants_markdown(rows: List[dict], arch: str, batch: int, size: Sequen
 
 def main(argv=None):
     args = parse_args(argv)
-    from deepvit_mm.benchmark import measure_isolated
+    from deepvit_tools.benchmark import measure_isolated
     rows = []
     for v in [args.worker] if args.worker else args.variants:
         row = cait_variant_row(v, measure_isolated(variant_case(args, v), timeout=args.timeout))

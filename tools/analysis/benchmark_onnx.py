@@ -42,8 +42,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     import deepvit_mm  # noqa: F401  (registers the backbones)
-    from deepvit_mm.benchmark import environment, fmt, markdown_table, parse_size, size_str
-    from deepvit_mm.deploy.speed import compare_onnxruntime
+    from deepvit_tools.benchmark import environment, fmt, markdown_table, parse_size, size_str
+    from deepvit_tools.benchmark.onnx_speed import compare_onnxruntime
     sizes = [parse_size(s) for s in args.sizes]
     rows = []
     for config in args.configs:

@@ -3,7 +3,7 @@
 FLOPs are multiply-adds (fvcore's and mmdet/mmseg's get_flops convention) of one inference
 forward at --shape (default: 800x1344 for detection, 512x512 for segmentation); the backbone,
 neck and dense heads are counted on the meta device, so a full-size count takes a second. How
-each part is counted: deepvit_mm/benchmark/flops.py.
+each part is counted: deepvit_tools/benchmark/flops.py.
 
     python tools/analysis/get_flops.py configs/mask_rcnn_xcit_s12_8_3x.py
     python tools/analysis/get_flops.py configs/*.py --json flops.json
@@ -33,7 +33,7 @@ def parse_args():
 def main():
     args = parse_args()
     import deepvit_mm  # noqa: F401  (registers the backbones)
-    from deepvit_mm.benchmark.flops import config_flops, flops_markdown
+    from deepvit_tools.benchmark.flops import config_flops, flops_markdown
     reports = []
     for config in args.configs:
         reports.append(config_flops(config, args.shape, args.cfg_options))

@@ -25,8 +25,8 @@ def main():
     args = p.parse_args()
     import torch
 
-    from deepvit_mm.benchmark.measure import interleaved
     from deepvit_mm.checkpoints.integrity import sha256_of, zip_problem
+    from deepvit_tools.benchmark.measure import interleaved
     tmp = None
     path = args.checkpoint
     if path is None:

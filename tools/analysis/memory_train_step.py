@@ -1,6 +1,6 @@
 """Peak memory of one training step (CPU), with and without gradient checkpointing.
 
-Each measurement runs in a fresh process (deepvit_mm.benchmark.run_isolated):
+Each measurement runs in a fresh process (deepvit_tools.benchmark.run_isolated):
     python tools/analysis/memory_train_step.py configs/mask_rcnn_xcit_s12_8_3x.py            # both
     python tools/analysis/memory_train_step.py CONFIG --with-cp on --height 800 --width 1344  # one
 
@@ -34,7 +34,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from deepvit_mm.benchmark import IsolatedError, measure_train_step, run_isolated
+    from deepvit_tools.benchmark import IsolatedError, measure_train_step, run_isolated
     flags = ('off', 'on') if args.with_cp == 'both' else (args.with_cp,)
     results = []
     for flag in flags:

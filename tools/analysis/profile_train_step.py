@@ -1,7 +1,7 @@
 """Where a training step's time goes, part by part (CPU): data preprocessor, backbone, neck,
 RPN and RoI heads (or a segmentor's decode/aux heads), optimizer; forward and backward apart,
 next to whole ``model.train_step`` calls timed in the same run. How the split is made:
-deepvit_mm/benchmark/step.py.
+deepvit_tools/benchmark/step.py.
 
     python tools/analysis/profile_train_step.py configs/mask_rcnn_xcit_s12_8_3x.py
     python tools/analysis/profile_train_step.py configs/demo/mask_rcnn_xcit_nano_12_p8_shapes.py \\
@@ -37,7 +37,7 @@ def main():
     import torch
 
     import deepvit_mm  # noqa: F401
-    from deepvit_mm.benchmark import environment, profile_train_step, step_markdown
+    from deepvit_tools.benchmark import environment, profile_train_step, step_markdown
     if args.threads:
         torch.set_num_threads(args.threads)
     result = profile_train_step(args.config, tuple(args.shape), args.batch_size,

@@ -36,8 +36,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..torch_compat import autocast_dtype, autocast_enabled
-from ..tracing import capturing_for_other_sizes
+from ...torch_compat import autocast_dtype, autocast_enabled
+from ...tracing import capturing_for_other_sizes
 
 __all__ = ['fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward', 'xca_block_inference',
            'xca_block_forward_auto', 'fast_path_helps', 'has_linear_qkv', 'default_chunk']

@@ -79,7 +79,7 @@ def _test(config: str, checkpoint: str, work_dir: str, cfg_options: Optional[dic
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
 
-    from ..runtime import keep_freed_cpu_memory, prepare_config, setup_cpu_distributed
+    from deepvit_mm.runtime import keep_freed_cpu_memory, prepare_config, setup_cpu_distributed
     if not torch.cuda.is_available():
         keep_freed_cpu_memory()  # process-wide, as tools/test.py: this process only
     cfg = prepare_config(config, work_dir=work_dir, cfg_options=cfg_options, load_from=checkpoint)

@@ -27,7 +27,7 @@ def _context(device: str):
         return mp.get_context('spawn')
     if _FORKSERVER is None:
         ctx = mp.get_context('forkserver')
-        ctx.set_forkserver_preload(['deepvit_mm.benchmark'])
+        ctx.set_forkserver_preload(['deepvit_tools.benchmark'])
         _FORKSERVER = ctx
     return _FORKSERVER
 

@@ -2,7 +2,7 @@
 
 Both run the same export wrapper (``wrappers``): PyTorch eager calls it directly (the backbones'
 ``gram_xca``/``query_chunks='auto'``, as in a test run), ONNX Runtime runs its export. Timing is the benchmark
-harness's (``deepvit_mm.benchmark.measure``): ``warmup`` untimed calls of each, then ``repeats``
+harness's (``deepvit_tools.benchmark.measure``): ``warmup`` untimed calls of each, then ``repeats``
 timed calls of each, interleaved call by call with the order rotating, so that both see the same
 machine load; medians are reported. Both use ``threads`` threads (torch's intra-op threads and
 ONNX Runtime's). Random weights: speed does not depend on them.
@@ -15,10 +15,11 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..benchmark.measure import interleaved
-from .export import example_input, export_onnx, load_model, onnxruntime_session, run_onnx
-from .parity import max_rel_err
-from .wrappers import DetectorForExport, wrap_for_export
+from deepvit_mm.deploy.export import example_input, export_onnx, load_model, onnxruntime_session, run_onnx
+from deepvit_mm.deploy.parity import max_rel_err
+from deepvit_mm.deploy.wrappers import DetectorForExport, wrap_for_export
+
+from .measure import interleaved
 
 __all__ = ['compare_onnxruntime']
 
@@ -48,7 +49,7 @@ def compare_onnxruntime(config: str, sizes: Sequence[Tuple[int, int]], backbone_
         ``speedup`` (PyTorch / ONNX Runtime), ``max_rel_err`` (maps only), every call's time
         (``*_all_ms``), ``dynamic``, ``export_s``.
     """
-    from ..benchmark.measure import torch_threads
+    from .measure import torch_threads
     model, task = load_model(config, None, cfg_options, backbone_only)
     wrapper = wrap_for_export(model, task, backbone_only)
     part = 'backbone' if backbone_only else {'seg': 'segmentor', 'det': 'detector'}[task]

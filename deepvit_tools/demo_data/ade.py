@@ -9,7 +9,7 @@ Labels use ADE20k's ids: 0 is "other" (unlabelled; with ``reduce_zero_label=True
 into 255 and ignores it) and 1..150 are ADE20k's classes, of which the scenes use five: a ``sky``
 (3) region above a wavy horizon, painted with the shapes generator's smooth gradient, a ``floor``
 (4) region below it, tiled with a rotated checkerboard, and 2 to 5 things drawn with the shapes
-generator (``deepvit_mm.datasets.shapes``): circle -> ``ball`` (120), square -> ``box`` (42),
+generator (``deepvit_tools.demo_data.shapes``): circle -> ``ball`` (120), square -> ``box`` (42),
 triangle -> ``tent`` (115), drawn with probabilities that give each about the same area (a
 triangle covers 0.41 of the circle its size gives). Like real classes, things have a typical
 colour besides their shape

@@ -31,7 +31,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..torch_compat import flop_counter
+from deepvit_mm.torch_compat import flop_counter
+
 from .models import load_config
 from .report import fmt, markdown_table, size_str
 
@@ -175,7 +176,7 @@ def _params(m: Optional[nn.Module]) -> int:
 def _counting_backbone(backbone: nn.Module) -> Iterator[None]:
     """The backbone as its architecture computes it: a deepvit_mm backbone runs timm's forward
     (the multiply-adds the papers count) rather than its faster path, restored afterwards."""
-    from ..backbones import ColumnarBackbone
+    from deepvit_mm.backbones import ColumnarBackbone
     if not isinstance(backbone, ColumnarBackbone):
         yield
         return
@@ -292,31 +293,18 @@ def _on_meta(m: nn.Module) -> bool:
 
 def _build_on_meta(cfg) -> Tuple[nn.Module, str]:
     """The config's model with every tensor on the ``meta`` device: no memory, no initialisation
-    (``deepvit_mm.benchmark.build_from_config`` less ``init_weights``, which reads values)."""
+    (``deepvit_mm.runtime.build_from_config(cfg, device='meta')``), its build logs muted."""
     from mmengine.logging import MMLogger
-    from mmengine.model.utils import revert_sync_batchnorm
-    from mmengine.registry import DefaultScope
 
-    from ..runtime.config import task_of
-    task = task_of(cfg)
-    if task == 'seg':
-        from mmseg.registry import MODELS
-        from mmseg.utils import register_all_modules
-    else:
-        from mmdet.registry import MODELS
-        from mmdet.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
+    from deepvit_mm.runtime.config import build_from_config
     # building logs at INFO now and then: keep the count's output to itself
     logger = MMLogger.get_current_instance()
     level = logger.level
     logger.setLevel('WARNING')
     try:
-        with DefaultScope.overwrite_default_scope(cfg.get('default_scope', 'mmdet')), \
-                torch.device('meta'):
-            model = revert_sync_batchnorm(MODELS.build(cfg.model))
+        return build_from_config(cfg, device='meta')
     finally:
         logger.setLevel(level)
-    return model, task
 
 
 def config_flops(config: str, shape: Optional[Sequence[int]] = None,

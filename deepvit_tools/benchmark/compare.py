@@ -12,6 +12,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from deepvit_mm.deploy.parity import max_rel_err
+
 from .baselines import BASELINES
 from .batches import backbone_input
 from .measure import (
@@ -26,13 +28,7 @@ from .measure import (
 from .memory import peak_memory
 from .models import build_backbone
 
-__all__ = ['max_rel_err', 'compare']
-
-
-def max_rel_err(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
-    """max over levels of ``max|a - b| / max|b|`` (relative to each level's scale)."""
-    return max(float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-12))
-               for x, y in zip(a, b))
+__all__ = ['compare']
 
 
 @contextmanager
@@ -113,7 +109,7 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
                 with autocast_for(device, dtype):
                     ref = ours(x)
                     for name in checked:
-                        out[_err_key(name, dtype)] = max_rel_err(ref, models[name](x))
+                        out[_err_key(name, dtype)] = max_rel_err(models[name](x), ref)
 
         for mode, dtype in modes:
             runs = {k: pass_runner(m, (lambda m=m: m(x)), mode, device, dtype)

@@ -7,7 +7,7 @@ norm and head are not built. Taps are raw block outputs, as in the paper's detec
 Stochastic depth and LayerScale init follow the paper's Table B.1.
 
 The Q/K/V embedding of XCA is an option (``qkv_cfg``): timm's linear layer by default, or the
-non-linear SNE, P-SNE and F-SNE embeddings of "Non-linear Q, K, V embeddings" (``deepvit_mm.qkv``).
+non-linear SNE, P-SNE and F-SNE embeddings of "Non-linear Q, K, V embeddings" (``.qkv``).
 """
 import types
 from typing import Dict, List, Mapping, Optional, Union
@@ -17,10 +17,10 @@ import torch
 import torch.nn as nn
 from timm.models.xcit import checkpoint_filter_fn
 
-from ..qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
-from ..registry import register_model
-from .columnar import ArchSpec, ColumnarBackbone, count_blocks
-from .xcit_fast import xca_block_forward, xca_block_forward_auto
+from ...registry import register_model
+from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
+from .fast import xca_block_forward, xca_block_forward_auto
+from .qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
 
 __all__ = ['XCiT']
 
@@ -63,7 +63,7 @@ class XCiT(ColumnarBackbone):
             (timm's, the default), ``dict(type='SNE')``, ``dict(type='PSNE')`` or
             ``dict(type='FSNE', code_size=8)``, each with an optional ``hidden`` width (default:
             the paper's Table 1 for d = 128/192 and a rule for other widths; ``hidden='*'`` is
-            F-SNE's parameter-matched width). See ``deepvit_mm.qkv``. Loading a linear checkpoint
+            F-SNE's parameter-matched width). See ``xcit.qkv``. Loading a linear checkpoint
             into a non-linear embedding loads everything else and reports the Q/K/V layers (and
             F-SNE's codes) as left at init. Default: None (linear).
         gram_xca (bool | str): Run the blocks through ``xcit_fast`` (cross-covariance

@@ -1,0 +1,75 @@
+"""The models a benchmark measures, built through the registries as a config would build them.
+
+* a backbone named by its arch (``small_12_p8``, ``s24``, timm names too): the family that knows
+  the name (XCiT, CaiT, any ``ColumnarBackbone`` subclass) is built by ``type`` through mmdet's
+  ``MODELS``, exactly as ``model.backbone`` of a config is;
+* a config's whole detector or segmentor: ``deepvit_mm.runtime``'s ``load_config`` and
+  ``build_from_config`` (mmdet's or mmseg's ``MODELS`` by the config's ``default_scope``, no
+  weights file, SyncBN reverted to BN), as ONNX export builds it.
+"""
+import os
+from typing import Tuple, Type
+
+import torch.nn as nn
+
+from deepvit_mm.runtime.config import build_from_config, load_config, num_classes_of
+
+__all__ = ['is_config', 'model_label', 'backbone_family', 'build_backbone', 'load_config',
+           'build_from_config', 'num_classes_of', 'padded_size',
+           'backbone_info']
+
+
+def is_config(model: str) -> bool:
+    """Whether ``model`` names a config file (rather than a backbone arch)."""
+    return str(model).endswith('.py')
+
+
+def model_label(model: str) -> str:
+    """The name a report shows: a config's file stem, or the arch as given."""
+    return os.path.splitext(os.path.basename(model))[0] if is_config(model) else model
+
+
+def backbone_family(arch: str) -> Type[nn.Module]:
+    """The ``ColumnarBackbone`` subclass whose arch table knows ``arch``.
+
+    Raises:
+        ValueError: No family knows it (the message lists every family's valid names).
+    """
+    from deepvit_mm.backbones import ColumnarBackbone
+    errors = []
+    for family in ColumnarBackbone.families:
+        try:
+            family.resolve_arch(arch)
+            return family
+        except (ValueError, TypeError) as e:
+            errors.append(str(e))
+    raise ValueError(f'no backbone family knows arch {arch!r}:\n  ' + '\n  '.join(errors))
+
+
+def build_backbone(arch: str, **kwargs) -> nn.Module:
+    """``MODELS.build(dict(type=<family>, arch=arch, **kwargs))`` (mmdet's registry, where
+    deepvit_mm registers every family), without pretrained weights."""
+    from deepvit_mm.registry import MMDET_MODELS
+    return MMDET_MODELS.build(dict(type=backbone_family(arch).__name__, arch=arch, **kwargs))
+
+
+def backbone_info(backbone: nn.Module, size: Tuple[int, int]) -> dict:
+    """What a report says about a built backbone at input ``size``: its family and arch,
+    ``blocks`` built, ``tokens`` per image (padded input), ``with_cp``, and CaiT's
+    ``window_size`` and ``global_blocks`` where it has them."""
+    h, w = padded_size(backbone, size)
+    p = backbone.patch_size
+    info = dict(family=type(backbone).__name__, arch=backbone.arch,
+                blocks=len(backbone.trunk.blocks), tokens=(h // p) * (w // p),
+                with_cp=bool(backbone.with_cp))
+    if hasattr(backbone, 'window_size'):
+        info.update(window_size=backbone.window_size, global_blocks=list(backbone.global_blocks))
+    return info
+
+
+def padded_size(backbone: nn.Module, size: Tuple[int, int]) -> Tuple[int, int]:
+    """The input size the backbone's trunk sees (padded to ``pad_to`` when ``pad_input``)."""
+    h, w = size
+    if getattr(backbone, 'pad_input', True):
+        h, w = h + (-h) % backbone.pad_to, w + (-w) % backbone.pad_to
+    return h, w

@@ -225,16 +225,14 @@ class NoDecayOnScalesOptimizerConstructor(DefaultOptimWrapperConstructor):
             ``custom_keys`` apply first (the recipes' ``norm`` and ``qkv_codes``).
     """
 
+    def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None) -> None:
+        # mmengine groups parameters (calls add_params) only for a non-empty paramwise_cfg
+        super().__init__(optim_wrapper_cfg, paramwise_cfg or dict(custom_keys={}))
+
     def add_params(self, params: List[dict], module: nn.Module, prefix: str = '',
                    is_dcn_module=None) -> None:
-        """Add the parameter groups of ``module`` (the whole model) to ``params``.
-
-        Args:
-            params (list[dict]): Parameter groups, extended in place.
-            module (nn.Module): The model.
-            prefix (str): Set by mmengine's recursion into submodules; '' for the model.
-            is_dcn_module (int | float, optional): Passed on to mmengine's recursion.
-        """
+        """mmengine's groups, then weight decay 0 for those holding a scale (see the class);
+        arguments as ``ColumnarLayerDecayOptimizerConstructor.add_params``."""
         first = len(params)
         super().add_params(params, module, prefix, is_dcn_module)
         if prefix or self.base_wd is None:  # mmengine's recursion, or no weight decay at all

@@ -174,3 +174,16 @@ def test_at_rate_1_it_differs_from_no_decay_on_scales_only_in_biases():
     declared = {n for n in got if '.pos_embed.' in n}  # timm's Xcit declares its Fourier encoding
     assert differ and differ == {n for n in got if n.endswith('.bias')} - norm_biases - declared
     assert all(got[n] == [(lr, wd), (lr, 0.)] for n in differ)
+
+
+def test_no_decay_on_scales_without_paramwise_cfg():
+    """The opt-in exempts the scales with no paramwise_cfg too (mmengine groups parameters only
+    for a non-empty one): a LayerNorm's weight and bias skip decay, a Linear's weight and bias
+    decay."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    cfg = dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
+               constructor='NoDecayOnScalesOptimizerConstructor')
+    names = {id(p): n for n, p in model.named_parameters()}
+    got = {names[id(p)]: g['weight_decay']
+           for g in build_optim_wrapper(model, cfg).optimizer.param_groups for p in g['params']}
+    assert got == {'0.weight': 0.05, '0.bias': 0.05, '1.weight': 0.0, '1.bias': 0.0}

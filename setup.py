@@ -16,17 +16,13 @@ from setuptools import find_packages, setup
 HERE = osp.dirname(osp.abspath(__file__))
 
 
-def _supported() -> dict:
-    """``version.SUPPORTED`` read without importing the package (its import needs torch)."""
+def _requirements(*pkgs: str) -> list:
+    """``pkg>=lo,<hi`` for each of ``pkgs``, from ``version.SUPPORTED``, read without importing the
+    package (its import needs torch)."""
     ns = {}
     with open(osp.join(HERE, 'deepvit_mm', 'version.py'), encoding='utf-8') as f:
         exec(f.read(), ns)
-    return ns['SUPPORTED']
-
-
-def _requirement(pkg: str) -> str:
-    lo, hi = _supported()[pkg]
-    return f'{pkg}>={lo},<{hi}'
+    return [f'{pkg}>={ns["SUPPORTED"][pkg][0]},<{ns["SUPPORTED"][pkg][1]}' for pkg in pkgs]
 
 
 def _mim_files() -> list:
@@ -96,11 +92,7 @@ setup(
     packages=find_packages(include=['deepvit_mm', 'deepvit_mm.*']),
     include_package_data=True,
     package_data={'deepvit_mm': _mim_files()},
-    install_requires=[
-        _requirement('mmengine'),
-        _requirement('mmdet'),
-        _requirement('mmsegmentation'),
-        _requirement('timm'),
+    install_requires=_requirements('mmengine', 'mmdet', 'mmsegmentation', 'timm') + [
         'safetensors',
         'pycocotools',
         'ftfy',  # mmseg.utils imports them

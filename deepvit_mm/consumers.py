@@ -26,6 +26,7 @@ from .pyramid import PAPER_STRIDES
 __all__ = ['ChannelMismatchError', 'check_consumers', 'check_model_around', 'consumer_problems',
            'find_owner']
 
+
 class ChannelMismatchError(ValueError):
     """A neck or head was built for other channels (or levels) than the backbone feeds it."""
 

@@ -22,7 +22,7 @@ import torch
 from conftest import CONFIG_DIR
 from mmengine.config import Config
 
-from deepvit_mm.runtime import build_from_config, fit_precision_to_device
+from deepvit_mm.runtime import build_from_config, fit_precision_to_device, load_config
 
 OFFICIAL_COMMIT = '9a7df94013b2945ec8532e2e4db32d03fc1ac297'
 DET_FILE = 'detection/configs/xcit/mask_rcnn_xcit_{size}_p{patch}_3x_coco.py'
@@ -106,14 +106,6 @@ def _task(recipe: str) -> str:
     return NAME.match(os.path.basename(recipe)).group(1)
 
 
-def _build_on_meta(cfg: Config) -> torch.nn.Module:
-    """The recipe's whole model, parameters on the meta device (names and shapes only)."""
-    cfg = copy.deepcopy(cfg)
-    cfg.model.backbone.init_cfg = None
-    cfg.model.pop('pretrained', None)
-    return build_from_config(cfg, device='meta')[0]
-
-
 def test_every_recipe_is_covered():
     assert len(RECIPES) >= 34
     assert all(NAME.match(os.path.basename(p)) for p in RECIPES), [
@@ -123,11 +115,10 @@ def test_every_recipe_is_covered():
 @pytest.mark.parametrize('recipe', RECIPES, ids=os.path.basename)
 def test_weight_decay_of_every_parameter_is_the_official_one(recipe):
     from mmengine.optim import build_optim_wrapper
-    cfg = Config.fromfile(recipe)
-    fit_precision_to_device(cfg)  # no GPU here: AmpOptimWrapper -> OptimWrapper, same groups
+    cfg = load_config(recipe)  # no GPU here: AmpOptimWrapper -> OptimWrapper, same groups
     official = OFFICIAL[_task(recipe)]
     family = cfg.model.backbone.type.lower()
-    model = _build_on_meta(cfg)
+    model = build_from_config(cfg, device='meta')[0]  # names and shapes only
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     got = {}
     names = {id(p): n for n, p in model.named_parameters()}

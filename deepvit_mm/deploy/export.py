@@ -77,10 +77,10 @@ def load_model(config: str, checkpoint: Optional[str] = None, cfg_options: Optio
     return model.eval(), task
 
 
-def example_input(shape: Sequence[int], seed: int = 0) -> torch.Tensor:
-    """A ``(1, 3, H, W)`` standard-normal image (a normalised image's statistics), the same for
-    the same ``seed``."""
-    return torch.randn(1, 3, *shape, generator=torch.Generator().manual_seed(seed))
+def example_input(shape: Sequence[int], seed: int = 0, batch: int = 1) -> torch.Tensor:
+    """A ``(batch, 3, H, W)`` batch of standard-normal pixels (a normalised image's statistics),
+    the same for the same ``seed``."""
+    return torch.randn(batch, 3, *shape, generator=torch.Generator().manual_seed(seed))
 
 
 def dynamic_range(wrapper: nn.Module) -> Tuple[int, int]:

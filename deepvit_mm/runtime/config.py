@@ -72,6 +72,8 @@ def build_from_config(cfg, cfg_options: Optional[dict] = None, *,
     """
     from mmengine.model.utils import revert_sync_batchnorm
     from mmengine.registry import DefaultScope
+    if device not in (None, 'meta'):
+        raise ValueError(f"device {device!r}: use None or 'meta'")
     if isinstance(cfg, str):
         cfg = load_config(cfg, cfg_options)
     task = task_of(cfg)
@@ -80,8 +82,6 @@ def build_from_config(cfg, cfg_options: Optional[dict] = None, *,
         if device == 'meta':
             with torch.device('meta'):
                 return revert_sync_batchnorm(models.build(cfg.model)), task
-        if device is not None:
-            raise ValueError(f"device {device!r}: use None or 'meta'")
         model = revert_sync_batchnorm(models.build(cfg.model))
         model.init_weights()
     return model, task

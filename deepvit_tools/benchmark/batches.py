@@ -11,6 +11,8 @@ from typing import Dict, Tuple
 import torch
 import torch.nn as nn
 
+from deepvit_mm.deploy.export import example_input
+
 from .models import num_classes_of
 
 __all__ = ['backbone_input', 'synthetic_data', 'synthetic_batch']
@@ -18,10 +20,9 @@ __all__ = ['backbone_input', 'synthetic_data', 'synthetic_batch']
 
 def backbone_input(size: Tuple[int, int], batch: int = 1, device: str = 'cpu',
                    seed: int = 0) -> torch.Tensor:
-    """A ``(batch, 3, H, W)`` float32 batch of standard-normal pixels (a normalised image's
-    statistics) on ``device``, the same for the same ``seed``."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, 3, *size, generator=gen).to(device)
+    """``deepvit_mm.deploy.example_input`` (standard-normal pixels, the same for the same
+    ``seed``) as a ``(batch, 3, H, W)`` float32 batch on ``device``."""
+    return example_input(size, seed, batch).to(device)
 
 
 def synthetic_data(task: str, size: Tuple[int, int], batch: int = 1, num_classes: int = 80,

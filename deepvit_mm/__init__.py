@@ -18,6 +18,7 @@ from .checkpoints import (  # noqa: E402
     read_checkpoint,
     trusted_checkpoints,
 )
+from .compat.mmengine import register_config_package  # noqa: E402
 from .optim import (  # noqa: E402
     ColumnarLayerDecayOptimizerConstructor,
     NoDecayOnScalesOptimizerConstructor,
@@ -32,33 +33,7 @@ from .runtime import (  # noqa: E402
 )
 
 install_mmengine_loader()
-
-
-def _register_config_package() -> None:
-    """Let mmengine resolve ``_base_ = 'deepvit_mm::configs/<name>.py'``."""
-    import os.path as osp
-
-    import mmengine.config.config as mm_config
-    from mmengine.config.utils import MODULE2PACKAGE
-
-    # mmengine only resolves `pkg::` for the packages in this table
-    MODULE2PACKAGE.setdefault('deepvit_mm', 'deepvit_mm')
-    # reason: mmengine 0.10.7 derives a package's folder from its distribution's location, which
-    # for an editable (PEP 660) install is site-packages rather than the source tree
-    original = mm_config.get_installed_path
-    if getattr(original, '_deepvit_mm', False):
-        return
-
-    def get_installed_path(package: str) -> str:
-        if package == 'deepvit_mm':
-            return osp.dirname(osp.abspath(__file__))
-        return original(package)
-
-    get_installed_path._deepvit_mm = True
-    mm_config.get_installed_path = get_installed_path
-
-
-_register_config_package()
+register_config_package('deepvit_mm', __path__[0])  # `_base_ = 'deepvit_mm::configs/...'`
 
 __all__ = ['__version__', 'XCiT', 'CaiT', 'ColumnarBackbone', 'ColumnarPyramid', 'CheckpointError',
            'CPUAmpOptimWrapper', 'CPUDistributedDataParallel', 'RNGStateHook',

@@ -28,7 +28,6 @@ which decay as in the official code, i.e. also LayerScale, XCA's temperature, th
 embeddings and every norm layer (BatchNorms included) skip weight decay. Its effect on the demo is
 in docs/training.md.
 """
-import fnmatch
 from collections import OrderedDict
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -39,15 +38,14 @@ from mmengine.logging import print_log
 from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_CONSTRUCTORS
 from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMSEG_CONSTRUCTORS
-from torch.nn.modules.batchnorm import _NormBase
 
 from .backbones.columnar import ColumnarBackbone
+from .compat.timm import declared_no_weight_decay
+from .compat.torch import NORM_LAYERS
 
 __all__ = ['ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
            'no_weight_decay_names', 'layer_ids']
 
-_NORMS: Tuple[type, ...] = (_NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm) + (
-    (nn.RMSNorm,) if hasattr(nn, 'RMSNorm') else ())
 
 
 def no_weight_decay_names(model: nn.Module, biases: bool = True) -> Set[str]:
@@ -65,15 +63,9 @@ def no_weight_decay_names(model: nn.Module, biases: bool = True) -> Set[str]:
     names = set()
     for mod_name, mod in model.named_modules():
         prefix = f'{mod_name}.' if mod_name else ''
-        if isinstance(mod, _NORMS):
+        if isinstance(mod, NORM_LAYERS):
             names.update(prefix + n for n, _ in mod.named_parameters(recurse=False))
-        declared = getattr(mod, 'no_weight_decay', None)
-        if callable(declared):
-            patterns = set(declared())
-            # a declared module name covers its parameters: timm before 1.0.31 declares XCiT's
-            # 'pos_embed', later releases 'pos_embed.*'
-            names.update(prefix + n for n, _ in mod.named_parameters()
-                         if any(fnmatch.fnmatchcase(n, p) or n.startswith(p + '.') for p in patterns))
+        names.update(prefix + n for n in declared_no_weight_decay(mod))
     names.update(n for n, p in model.named_parameters()
                  if n.endswith('.bias') and biases or p.ndim <= 1 and not n.endswith('.bias'))
     return names

@@ -12,7 +12,7 @@ Two questions, asked by the backbones and the adapter:
 """
 import torch
 
-from .torch_compat import is_compiling, is_exporting
+from .compat.torch import is_compiling, is_exporting
 
 __all__ = ['in_graph_capture', 'capturing_for_other_sizes']
 

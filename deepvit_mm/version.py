@@ -15,7 +15,7 @@ TESTED = {
 
 # What `import deepvit_mm` accepts: from the oldest tested release up to and including the patch
 # releases of the newest tested minor (lower inclusive, upper exclusive). Releases in between the
-# two stacks take the code paths of one of them (deepvit_mm/torch_compat.py picks by feature, not
+# two stacks take the code paths of one of them (deepvit_mm/compat/torch.py picks by feature, not
 # by version); what is known to break in between is checked by deepvit_mm/_deps.py.
 SUPPORTED = {
     'torch': ('2.1.2', '2.14.0'),
@@ -31,7 +31,7 @@ SUPPORTED = {
 
 def release(version: str) -> tuple:
     """``'2.1.2+cu121'`` -> ``(2, 1, 2)``: the first three numeric parts of a version, for the
-    comparisons against ``SUPPORTED`` (here, in deepvit_mm/_deps.py, torch_compat.py and
+    comparisons against ``SUPPORTED`` (here, in deepvit_mm/_deps.py, compat/torch.py and
     tools/setup_env.sh, which reads this file without importing the package)."""
     out = [int(''.join(c for c in part if c.isdigit()) or 0)
            for part in version.split('+')[0].split('.')[:3]]

@@ -231,3 +231,48 @@ def test_mmengine_checkpoint_reads_in_a_fresh_process(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ['0.5', '0.5']
+
+
+@pytest.mark.parametrize('layout', ['mmengine', 'official', 'safetensors'])
+def test_mmengine_loads_name_the_file_in_the_report(tmp_path, monkeypatch, layout):
+    """mmengine's load_checkpoint (load_from, --resume, tools/test.py, the inferencers) reads
+    through the safe reader and loads through the matcher, whose report names the file read:
+    the name travels with the state dict, whatever container the file has."""
+    from mmengine.runner import load_checkpoint
+
+    import deepvit_mm.checkpoints.mmengine_hooks as hooks
+    seen = []
+    real = hooks.load_weights
+    monkeypatch.setattr(hooks, 'load_weights',
+                        lambda *a, **kw: seen.append(kw['source']) or real(*a, **kw))
+    src = XCiT('nano_12_p16')
+    sd = src.state_dict()
+    path = tmp_path / ('weights.safetensors' if layout == 'safetensors' else 'weights.pth')
+    if layout == 'safetensors':
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    else:
+        torch.save(dict(state_dict=sd, meta={}) if layout == 'mmengine' else dict(model=sd), path)
+    dst = XCiT('nano_12_p16')
+    load_checkpoint(dst, str(path), map_location='cpu')
+    assert seen == [repr(str(path))]
+    for k, v in sd.items():
+        assert torch.equal(dst.state_dict()[k], v), k
+
+
+def test_a_complete_model_is_required_by_argument_or_block():
+    """A backbone-only checkpoint leaves the rest of a model at init: refused with
+    ``require_complete=True`` (deploy's export) or inside ``require_complete_model()`` (mmengine's
+    loads in tools/test.py, which take no such argument); loaded otherwise."""
+    from deepvit_mm.checkpoints import load_weights, require_complete_model
+    model = torch.nn.Module()
+    model.backbone, model.neck = XCiT('nano_12_p16'), torch.nn.Linear(2, 2)
+    backbone_only = XCiT('nano_12_p16').state_dict()
+    with pytest.raises(CheckpointError, match=r'has no weights for 2 tensors of Module: neck.*'
+                                              'looks like a backbone checkpoint'):
+        load_weights(model, backbone_only, require_complete=True, log=False)
+    with require_complete_model():
+        with pytest.raises(CheckpointError, match='has no weights for 2 tensors'):
+            load_weights(model, backbone_only, log=False)
+        load_weights(model, backbone_only, require_complete=False, log=False)  # the argument wins
+    report = load_weights(model, backbone_only, log=False)
+    assert report.left_at_init == ['neck.weight', 'neck.bias']

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from deepvit_mm.compat.torch import TORCH_VERSION, onnx_dynamo_export_problem
 from deepvit_mm.deploy import (
     check_export,
     dynamic_range,
@@ -30,7 +31,6 @@ from deepvit_mm.deploy import (
     run_onnx,
     wrap_for_export,
 )
-from deepvit_mm.torch_compat import TORCH_VERSION, onnx_dynamo_export_problem
 from deepvit_tools.demo_data import make_shapes_coco
 
 # tools/setup_env.sh installs .[tests,deploy]: a missing package is an error here, not a skip

@@ -86,9 +86,9 @@ def test_numpy_that_torch_cannot_use_is_named(monkeypatch):
 def test_onnx_export_needs_the_torch_it_was_measured_on(monkeypatch, torch_version, refused):
     """torch 2.1 has no dynamo exporter; torch 2.5.1 has one that fails on these models (measured:
     6 of the export tests failed there); only the measured torch exports."""
-    from deepvit_mm import torch_compat
-    monkeypatch.setattr(torch_compat, 'TORCH_VERSION', torch_version)
-    problem = torch_compat.onnx_dynamo_export_problem()
+    import deepvit_mm.compat.torch as compat_torch
+    monkeypatch.setattr(compat_torch, 'TORCH_VERSION', torch_version)
+    problem = compat_torch.onnx_dynamo_export_problem()
     assert (problem is not None) == refused
     if refused:
         assert 'tested with torch 2.13.0' in problem and "torch 2.5.1's fails" in problem \
@@ -119,3 +119,55 @@ def test_the_installed_package_never_imports_the_tools_library():
     files = [f for d, _, fs in os.walk(os.path.join(root, 'deepvit_mm')) if '.mim' not in d
              for f in fs if f.endswith('.py')]
     assert int(count) == len(files) - 1 and loaded.strip() == '[]', out.stdout  # every module
+
+
+# the libraries whose versions deepvit_mm supports a range of (version.SUPPORTED), and numpy
+_LIBRARIES = ('torch', 'torchvision', 'timm', 'mmengine', 'mmcv', 'mmdet', 'mmseg', 'numpy')
+
+
+def _reaches_into_libraries(path) -> list:
+    """Where a module names another library's private API (``torch._C``, ``from torch.x import
+    _Y``) or assigns to an attribute of one of its modules (a patch)."""
+    import ast
+    tree = ast.parse(path.read_text())
+    names = {}  # local name -> library module it is bound to
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split('.')[0] in _LIBRARIES:
+                    names[a.asname or a.name.split('.')[0]] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and \
+                node.module.split('.')[0] in _LIBRARIES:
+            for a in node.names:
+                if a.name.startswith('_') or any(p.startswith('_') for p in node.module.split('.')):
+                    found.append(f'{path}:{node.lineno}: from {node.module} import {a.name}')
+                names[a.asname or a.name] = f'{node.module}.{a.name}'
+
+    def library_object(node) -> bool:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id in names
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith('_') and \
+                not node.attr.startswith('__') and library_object(node.value):
+            found.append(f'{path}:{node.lineno}: {ast.unparse(node)}')
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        found += [f'{path}:{node.lineno}: {ast.unparse(t)} = ...' for t in targets
+                  if isinstance(t, ast.Attribute) and library_object(t.value)]
+    return found
+
+
+def test_private_apis_and_patches_of_other_libraries_live_in_compat():
+    """deepvit_mm/compat is the one home of what differs per library release, of the private
+    APIs used and of the changes made to other libraries: no other module names a private
+    attribute of torch, timm, mmengine, mmcv, mmdet, mmseg or numpy, or assigns to one of their
+    modules' attributes. The check itself finds what compat holds."""
+    import pathlib
+    package = pathlib.Path(__file__).resolve().parents[1] / 'deepvit_mm'
+    outside = [p for p in sorted(package.rglob('*.py')) if 'compat' not in p.parts]
+    assert [f for p in outside for f in _reaches_into_libraries(p)] == []
+    inside = {p.stem: _reaches_into_libraries(p) for p in (package / 'compat').glob('*.py')}
+    assert any('torch._C._current_graph_task_id' in f for f in inside['torch']), inside
+    assert any('mm_config.get_installed_path = ...' in f for f in inside['mmengine']), inside

@@ -383,3 +383,22 @@ def test_resume_recognises_legacy_format_and_warns_when_none(tmp_path, logged):
     torch.save({'state_dict': {'w': torch.ones(2)}, 'meta': {'iter': 4}}, tmp_path / 'iter_4.pth',
                _use_new_zipfile_serialization=False)
     assert find_resumable_checkpoint(str(tmp_path)) == str(tmp_path / 'iter_4.pth')
+
+
+def test_trust_is_scoped_to_its_block_and_thread(tmp_path):
+    """``trusted_checkpoints`` trusts its files inside its ``with`` block, in the thread that
+    entered it: nested blocks add to the outer one's files, leaving a block restores them, and
+    another thread (a data loader, a server handling another request) is not affected."""
+    import threading
+
+    from deepvit_mm.checkpoints.trust import is_trusted
+    a, b = str(tmp_path / 'a.pth'), str(tmp_path / 'b.pth')
+    seen = []
+    with trusted_checkpoints(a):
+        with trusted_checkpoints(b):
+            assert is_trusted(a) and is_trusted(b)
+            thread = threading.Thread(target=lambda: seen.append(is_trusted(a) or is_trusted(b)))
+            thread.start()
+            thread.join()
+        assert is_trusted(a) and not is_trusted(b)
+    assert not is_trusted(a) and seen == [False]

@@ -5,21 +5,35 @@ different: the architecture table, how to build the timm trunk, how to take the 
 convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_eval``,
 ``with_cp`` and weight loading live here once.
 """
+import contextlib
 import difflib
 import re
 import sys
-from typing import Callable, ClassVar, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Type, Union
+from typing import (
+    Callable,
+    ClassVar,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
-from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..compat.timm import drop_pruned_classifier_parameters
+from ..compat.torch import BatchNormBase, autocast_enabled
 from ..consumers import check_model_around
 from ..pyramid import PAPER_STRIDES, ColumnarPyramid
-from ..torch_compat import autocast_enabled
 from ..tracing import in_graph_capture
 from .checks import check_arguments, check_input, check_out_indices, free_memory
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
@@ -191,11 +205,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                                        **trunk_kwargs)
         self._kept_blocks = max(self.out_indices) + 1
         self.trunk.prune_intermediate_layers(self.out_indices, prune_norm=True, prune_head=True)
-        # reason: timm before 1.0.31 keeps the class token when it prunes the head; a parameter
-        # that never gets a gradient (DDP without find_unused_parameters stops on it)
-        for part in self.classifier_parts:
-            if isinstance(getattr(self.trunk, part, None), nn.Parameter):
-                setattr(self.trunk, part, None)
+        drop_pruned_classifier_parameters(self.trunk, self.classifier_parts)
         try:
             self._convert_batchnorms(self.trunk, self.norm_cfg)
             self.adapter = ColumnarPyramid(self.embed_dim, in_stride=self.patch_size,
@@ -321,6 +331,22 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         self._fast_path = mode if mode == 'auto' else bool(mode)
         self._apply_fast_path(self._fast_path)
 
+    def speed_options(self) -> Dict[str, Union[bool, str]]:
+        """The family's switch of its faster forward as a config sets it, e.g.
+        ``{'gram_xca': 'auto'}``."""
+        return {self.fast_path_name: self._fast_path}
+
+    @contextlib.contextmanager
+    def reference_forward(self) -> Iterator[None]:
+        """Inside the block the trunk runs timm's own forward (the family's faster forward off:
+        the multiply-adds the papers count); the switch is restored after."""
+        mode = self._fast_path
+        self._set_fast_path(False)
+        try:
+            yield
+        finally:
+            self._set_fast_path(mode)
+
     # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """Args:
@@ -405,7 +431,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         self._freeze_stages()
         if mode and self.norm_eval:
             for m in self.modules():
-                if isinstance(m, _BatchNorm):
+                if isinstance(m, BatchNormBase):
                     m.eval()
         return self
 

@@ -18,23 +18,17 @@ from typing import ContextManager
 
 import torch
 import torch.nn as nn
-from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..compat.torch import BatchNormBase, in_backward
 
 __all__ = ['enable_grad_checkpointing', 'full_recomputation']
 
 
-def _in_backward() -> bool:
-    # reason: checkpointing recomputes a block from inside autograd's backward pass, the only
-    # time a module runs forward while a graph task is executing; torch.utils.checkpoint uses the
-    # same private call to tell its recomputation apart
-    return torch._C._current_graph_task_id() != -1
-
-
 def _save_stats_on_recompute(block: nn.Module, args) -> None:
-    if block.training and _in_backward():
+    if block.training and in_backward():
         block._deepvit_mm_stats = [
             (bn, [b.clone() for b in bn.buffers(recurse=False)]) for bn in block.modules()
-            if isinstance(bn, _BatchNorm) and bn.training and bn.track_running_stats]
+            if isinstance(bn, BatchNormBase) and bn.training and bn.track_running_stats]
 
 
 def _restore_stats(block: nn.Module, args, output) -> None:
@@ -57,7 +51,7 @@ def enable_grad_checkpointing(trunk: nn.Module) -> None:
     """
     trunk.set_grad_checkpointing(True)
     for block in trunk.blocks:
-        if any(isinstance(m, _BatchNorm) for m in block.modules()):
+        if any(isinstance(m, BatchNormBase) for m in block.modules()):
             block.register_forward_pre_hook(_save_stats_on_recompute)
             block.register_forward_hook(_restore_stats)
 

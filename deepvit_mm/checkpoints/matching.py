@@ -10,6 +10,7 @@ weights are refused by name. One report says what was loaded, resized, dropped o
 skipped and left at init.
 """
 import contextlib
+import contextvars
 import logging
 import re
 from dataclasses import dataclass, field
@@ -216,23 +217,27 @@ def weights_targets(model: nn.Module) -> List[Tuple[str, nn.Module]]:
             if isinstance(m, WeightsTarget)]
 
 
-_REQUIRE_COMPLETE = []
+# set by the enclosing `with require_complete_model()` block of this thread/task
+_REQUIRE_COMPLETE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    'deepvit_mm_require_complete_model', default=False)
 
 
 @contextlib.contextmanager
 def require_complete_model() -> Iterator[None]:
     """Inside the block, ``load_weights`` refuses a checkpoint that leaves any of the model at
-    init (``tools/test.py`` evaluates trained models: a backbone-only checkpoint would score 0)."""
-    _REQUIRE_COMPLETE.append(True)
+    init, as with ``require_complete=True``: for the loads mmengine makes, which take no such
+    argument (``tools/test.py`` evaluates trained models: a backbone-only checkpoint would score
+    0)."""
+    token = _REQUIRE_COMPLETE.set(True)
     try:
         yield
     finally:
-        _REQUIRE_COMPLETE.pop()
+        _REQUIRE_COMPLETE.reset(token)
 
 
 def load_weights(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkpoint',
                  strict: bool = False, checkpoint_key: Optional[str] = None,
-                 log: bool = True) -> LoadReport:
+                 require_complete: Optional[bool] = None, log: bool = True) -> LoadReport:
     """Load a checkpoint into ``model`` (a backbone, or a detector/segmentor holding one).
 
     Args:
@@ -244,6 +249,9 @@ def load_weights(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkp
         checkpoint_key (str, optional): The part of the checkpoint to take (``'student'`` of a
             DINO checkpoint). Default: the first of ``state_dict``, ``model``, ``module``,
             ``model_ema``, ``teacher``, ``student`` present.
+        require_complete (bool, optional): Refuse a checkpoint that leaves any of the model at
+            init (a trained model to evaluate or export). Default: inside a
+            ``require_complete_model()`` block, else False.
         log (bool): Log the report (one message). Default: True.
 
     Returns:
@@ -252,15 +260,13 @@ def load_weights(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkp
     Raises:
         CheckpointError: The backbone part does not fit (another architecture or family),
             nothing of the model would load, a weight is not finite, or ``strict`` and something
-            did not load. Nothing is copied in that case.
+            did not load, or ``require_complete`` and some of the model would stay at init.
+            Nothing is copied in that case.
     """
-    if all(torch.is_tensor(v) for v in checkpoint.values()) and checkpoint_key is None:
-        sd = dict(checkpoint)
-        sd = {k[7:] if k.startswith('module.') else k: v for k, v in sd.items()}
-        dropped_outside: List[str] = []
-    else:
-        extracted = extract_state_dict(checkpoint, checkpoint_key)
-        sd, dropped_outside = dict(extracted), list(extracted.dropped)
+    if require_complete is None:
+        require_complete = _REQUIRE_COMPLETE.get()
+    extracted = extract_state_dict(checkpoint, checkpoint_key)
+    sd, dropped_outside = dict(extracted), list(extracted.dropped)
     target = model.state_dict()
     report = LoadReport(source=f'{source} into {type(model).__name__}')
     report.dropped.extend(dropped_outside)
@@ -299,7 +305,7 @@ def load_weights(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkp
     if strict and (report.skipped or left):
         raise CheckpointError(f'{source} does not match {type(model).__name__} exactly '
                               f'(strict=True):\n{report.format()}')
-    if _REQUIRE_COMPLETE and left:
+    if require_complete and left:
         raise CheckpointError(
             f'{source} has no weights for {len(left)} tensors of {type(model).__name__}: '
             f'{_summarize(left)}. Evaluating needs the checkpoint of a trained model (this one '

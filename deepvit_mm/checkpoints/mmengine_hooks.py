@@ -11,29 +11,26 @@ before. Nothing else in mmengine (file I/O of other files, other models' loading
 import logging
 import os
 import re
-from typing import List, Mapping, Optional
+from typing import Mapping, Optional
 
 import torch
 import torch.nn as nn
 
+from ..compat.mmengine import route_load_state_dict, source_of, tag_source
 from .matching import load_weights, weights_targets
 from .reading import is_readable_checkpoint, read_checkpoint
 
 __all__ = ['install_mmengine_loader', 'find_resumable_checkpoint']
 
-_LAST_READ: List[str] = ['checkpoint']  # the file mmengine read last, to name it in the report
-
-
-def _mmengine_read(filename: str, map_location=None) -> dict:
+def _mmengine_read(filename: str, map_location=None) -> Mapping:
     obj = read_checkpoint(filename, map_location=map_location or 'cpu')
-    _LAST_READ[0] = repr(filename)
     if isinstance(obj, Mapping) and obj and all(torch.is_tensor(v) for v in obj.values()) \
             and str(filename).endswith('.safetensors'):
         obj = {'state_dict': dict(obj)}
-    return obj
+    return tag_source(obj, repr(filename)) if isinstance(obj, Mapping) else obj
 
 
-def _mmengine_read_url(filename: str, map_location=None, model_dir=None, **kwargs) -> dict:
+def _mmengine_read_url(filename: str, map_location=None, model_dir=None, **kwargs) -> Mapping:
     return _mmengine_read(filename, map_location)
 
 
@@ -44,6 +41,15 @@ def _unwrap(module: nn.Module) -> nn.Module:
     return module
 
 
+def _load_into_targets(module: nn.Module, state_dict: Mapping, strict: bool) -> bool:
+    """``load_weights`` for a model holding a deepvit_mm backbone; False for any other model."""
+    model = _unwrap(module)
+    if not weights_targets(model):
+        return False
+    load_weights(model, state_dict, source=source_of(state_dict) or 'checkpoint', strict=strict)
+    return True
+
+
 def install_mmengine_loader() -> None:
     """Route mmengine's checkpoint reading and, for models holding a deepvit_mm backbone, its
     ``load_state_dict`` through this module (see the module docstring). Idempotent."""
@@ -51,21 +57,7 @@ def install_mmengine_loader() -> None:
     mm_ckpt.CheckpointLoader.register_scheme(prefixes='', force=True)(_mmengine_read)
     mm_ckpt.CheckpointLoader.register_scheme(prefixes=('http://', 'https://'),
                                              force=True)(_mmengine_read_url)
-    original = mm_ckpt.load_state_dict
-    if getattr(original, '_deepvit_mm', False):
-        return
-
-    def load_state_dict(module, state_dict, strict=False, logger=None):
-        model = _unwrap(module)
-        if not weights_targets(model):
-            return original(module, state_dict, strict, logger)
-        load_weights(model, state_dict, source=_LAST_READ[0], strict=strict)
-
-    load_state_dict._deepvit_mm = True
-    load_state_dict.__doc__ = original.__doc__
-    # reason: every mmengine path (Runner.load_checkpoint/resume, load_checkpoint, the inferencers'
-    # _load_checkpoint_to_model) calls this module-level function by its global name
-    mm_ckpt.load_state_dict = load_state_dict
+    route_load_state_dict(_load_into_targets)
 
 
 # --------------------------------------------------------------------------------------------

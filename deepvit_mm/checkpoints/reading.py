@@ -1,7 +1,7 @@
 """Reading a checkpoint file without running anything in it, and refusing damaged ones.
 
 ``.pth``/``.pt``/``.bin`` files (torch zip or legacy pickle) are read through
-``torch_compat.load_weights_only``: nothing but tensors, plain containers and ``safe_globals()``
+``compat.torch.load_weights_only``: nothing but tensors, plain containers and ``safe_globals()``
 is admitted, on every supported torch. A torch zip file is first checked record by record against
 its CRC-32 (``integrity.zip_problem``), so a corrupted file is refused before any weight reaches a
 model. ``.safetensors`` files are read by safetensors after a check of their header. Config text
@@ -9,15 +9,15 @@ that mmengine would evaluate is made harmless (``stored_config``). Trusted files
 read as plain PyTorch would.
 """
 import argparse
-import importlib
 import os
 import re
 import zipfile
 
-import numpy as np
 import torch
 
-from ..torch_compat import load_weights_only
+from ..compat.mmengine import history_buffer_statistics
+from ..compat.numpy import pickled_array_globals
+from ..compat.torch import load_weights_only
 from .errors import CheckpointError
 from .fetch import resolve_checkpoint
 from .integrity import is_safetensors, is_zip, structure_problem, zip_problem
@@ -35,10 +35,7 @@ def _history_buffer_getattr(obj, name: str):
     methods as ``getattr(HistoryBuffer, 'mean')``. Only those exact lookups are honoured; anything
     else (``getattr(os, 'system')``) is refused, so this cannot be used to reach code."""
     from mmengine.logging import HistoryBuffer
-    # reason: `_statistics_methods` is filled only once a HistoryBuffer is built in this process,
-    # so a fresh `--resume` process would find it empty; the four defaults are named explicitly.
-    allowed = {'min', 'max', 'current', 'mean', *HistoryBuffer._statistics_methods}
-    if obj is HistoryBuffer and name in allowed:
+    if obj is HistoryBuffer and name in history_buffer_statistics():
         return getattr(obj, name)
     raise CheckpointError(f'refusing getattr({obj!r}, {name!r}) while unpickling a checkpoint')
 
@@ -51,18 +48,8 @@ def safe_globals() -> list:
     * DINO training checkpoints: ``argparse.Namespace`` (their ``args``), an attribute bag.
     """
     from mmengine.logging import HistoryBuffer
-    multiarray = importlib.import_module(
-        'numpy._core.multiarray' if np.lib.NumpyVersion(np.__version__) >= '2.0.0'
-        else 'numpy.core.multiarray')
-    # arrays pickled under numpy 2 name numpy._core, under numpy 1 numpy.core: read both
-    arrays = [(getattr(multiarray, fn), f'numpy.{pkg}.multiarray.{fn}')
-              for fn in ('_reconstruct', 'scalar') for pkg in ('core', '_core')]
-    # numpy >= 1.25 pickles dtypes as numpy.dtypes.<Name>DType classes
-    dtype_classes = [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith('DType')]
-    return [
-        HistoryBuffer, *arrays, np.ndarray, np.dtype, *dtype_classes,
-        (_history_buffer_getattr, 'builtins.getattr'), argparse.Namespace
-    ]
+    return [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr'), *pickled_array_globals(),
+            argparse.Namespace]
 
 
 def _corrupt(path: str, problem: str) -> CheckpointError:

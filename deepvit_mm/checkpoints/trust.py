@@ -5,13 +5,16 @@ A pickle can run any code, so this is opt-in per file: the environment variable
 or ``with trusted_checkpoints(path):`` (Python).
 """
 import contextlib
+import contextvars
 import os
-from typing import Iterator, List
+from typing import FrozenSet, Iterator
 
 __all__ = ['TRUST_ENV', 'trusted_checkpoints', 'is_trusted', 'trust_hint']
 
 TRUST_ENV = 'DEEPVIT_MM_TRUSTED_CHECKPOINTS'
-_TRUSTED: List[str] = []
+# the files trusted by the enclosing `with trusted_checkpoints(...)` blocks of this thread/task
+_TRUSTED: contextvars.ContextVar[FrozenSet[str]] = contextvars.ContextVar(
+    'deepvit_mm_trusted_checkpoints', default=frozenset())
 
 
 def _canonical(path: str) -> str:
@@ -20,8 +23,8 @@ def _canonical(path: str) -> str:
 
 def is_trusted(path: str) -> bool:
     """Whether ``path`` is named in ``DEEPVIT_MM_TRUSTED_CHECKPOINTS`` or ``trusted_checkpoints``."""
-    listed = [p for p in os.environ.get(TRUST_ENV, '').split(os.pathsep) if p] + _TRUSTED
-    return _canonical(path) in {_canonical(p) for p in listed}
+    listed = [p for p in os.environ.get(TRUST_ENV, '').split(os.pathsep) if p]
+    return _canonical(path) in {_canonical(p) for p in listed} | _TRUSTED.get()
 
 
 @contextlib.contextmanager
@@ -29,12 +32,11 @@ def trusted_checkpoints(*paths: str) -> Iterator[None]:
     """Read these files as plain PyTorch would (``weights_only=False``, stored config text kept
     as is) inside the ``with`` block. Only for files whose origin you trust: a pickle can run any
     code. Command-line tools: list the files in ``DEEPVIT_MM_TRUSTED_CHECKPOINTS`` instead."""
-    _TRUSTED.extend(paths)
+    token = _TRUSTED.set(_TRUSTED.get() | {_canonical(p) for p in paths})
     try:
         yield
     finally:
-        for p in paths:
-            _TRUSTED.remove(p)
+        _TRUSTED.reset(token)
 
 
 def trust_hint(path: str) -> str:

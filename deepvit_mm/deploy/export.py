@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..torch_compat import onnx_dynamo_export_problem
+from ..compat.torch import onnx_dynamo_export_problem
 from .layers import export_forms
 
 __all__ = ['SIZE_DIVISOR', 'DYNAMIC_MIN', 'DYNAMIC_MAX', 'DEFAULT_OPSET', 'require', 'dynamic_range',
@@ -64,7 +64,7 @@ def load_model(config: str, checkpoint: Optional[str] = None, cfg_options: Optio
     Returns:
         tuple[nn.Module, str]: the model and its task (``'det'`` or ``'seg'``).
     """
-    from ..checkpoints import load_weights, read_checkpoint, require_complete_model, resolve_checkpoint
+    from ..checkpoints import load_weights, read_checkpoint, resolve_checkpoint
     from ..runtime.config import build_from_config, load_config
     model, task = build_from_config(load_config(config, cfg_options))
     if checkpoint is not None:
@@ -72,8 +72,8 @@ def load_model(config: str, checkpoint: Optional[str] = None, cfg_options: Optio
         if backbone_only:
             model.backbone.load_pretrained(path)
         else:
-            with require_complete_model():
-                load_weights(model, read_checkpoint(path), source=repr(checkpoint))
+            load_weights(model, read_checkpoint(path), source=repr(checkpoint),
+                         require_complete=True)
     return model.eval(), task
 
 

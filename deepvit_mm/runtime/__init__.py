@@ -1,14 +1,14 @@
 """What deepvit_mm adds to mmengine's training runtime, one module per job (registered on import).
 
 - ``hooks``: crash-safe checkpoints, a stop on non-finite losses, RNG state in checkpoints;
-- ``amp``: mixed precision on CPU (``CPUAmpOptimWrapper``) with mmcv's ops kept in float32, and
+- ``amp``: mixed precision on CPU (``CPUAmpOptimWrapper``), and
   the fp16 recipes' float32 fallback without a GPU (``fit_precision_to_device``);
 - ``distributed``: distributed runs on CPU processes (gloo) through mmengine's Runner;
 - ``allocator``: glibc malloc tuning for CPU runs;
 - ``config``: reading a config and building its model as mmdet's and mmseg's tools do.
 """
 from .allocator import keep_freed_cpu_memory
-from .amp import CPUAmpOptimWrapper, fit_precision_to_device, run_mmcv_ops_in_float32
+from .amp import CPUAmpOptimWrapper, fit_precision_to_device
 from .config import (
     VIS_BACKENDS,
     build_from_config,
@@ -26,7 +26,7 @@ from .distributed import CPUDistributedDataParallel, setup_cpu_distributed
 from .hooks import CheckpointWriteError, CrashSafeCheckpointHook, FiniteLossHook, RNGStateHook
 
 __all__ = ['CrashSafeCheckpointHook', 'CheckpointWriteError', 'FiniteLossHook', 'RNGStateHook',
-           'CPUAmpOptimWrapper', 'run_mmcv_ops_in_float32', 'fit_precision_to_device',
+           'CPUAmpOptimWrapper', 'fit_precision_to_device',
            'CPUDistributedDataParallel', 'setup_cpu_distributed',
            'keep_freed_cpu_memory', 'prepare_config', 'task_of', 'task_registry', 'load_config',
            'build_from_config', 'num_classes_of', 'enable_visualization',

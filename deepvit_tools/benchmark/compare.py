@@ -96,7 +96,7 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
         x = backbone_input(size, batch, device)
         out = dict(model=arch, label=arch, size=tuple(size), batch=batch, device=device,
                    threads=torch.get_num_threads(), warmup=warmup, repeats=repeats,
-                   fast_path=getattr(ours, ours.fast_path_name), baselines=list(baselines))
+                   speed_options=ours.speed_options(), baselines=list(baselines))
         checked = [n for n in baselines if models[n].checks_output]
         for m in models.values():
             m.eval()

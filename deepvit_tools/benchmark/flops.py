@@ -31,7 +31,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from deepvit_mm.torch_compat import flop_counter
+from deepvit_mm.compat.torch import flop_counter
 
 from .models import load_config
 from .report import fmt, markdown_table, size_str
@@ -180,12 +180,8 @@ def _counting_backbone(backbone: nn.Module) -> Iterator[None]:
     if not isinstance(backbone, ColumnarBackbone):
         yield
         return
-    fast = getattr(backbone, backbone.fast_path_name)
-    setattr(backbone, backbone.fast_path_name, False)
-    try:
+    with backbone.reference_forward():
         yield
-    finally:
-        setattr(backbone, backbone.fast_path_name, fast)
 
 
 def backbone_macs(backbone: nn.Module, shape: Tuple[int, int],

@@ -21,7 +21,7 @@ from typing import Callable, Tuple
 
 import torch
 
-from deepvit_mm.torch_compat import profiler_event_start_ns
+from deepvit_mm.compat.torch import profiler_event_start_ns
 
 __all__ = ['MiB', 'synchronize', 'current_rss', 'reset_peak_rss', 'peak_rss', 'peak_memory', 'tensor_peak',
            'limit_address_space']

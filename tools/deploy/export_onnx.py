@@ -53,6 +53,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
+    from deepvit_mm.compat.torch import onnx_dynamo_export_problem
     from deepvit_mm.deploy import (
         check_export,
         dynamic_range,
@@ -61,7 +62,6 @@ def main(argv=None):
         onnxruntime_session,
         wrap_for_export,
     )
-    from deepvit_mm.torch_compat import onnx_dynamo_export_problem
     problem = onnx_dynamo_export_problem()
     if problem:  # before building anything
         sys.exit(problem)

@@ -36,7 +36,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ...torch_compat import autocast_dtype, autocast_enabled
+from ...compat.timm import drop_path_of
+from ...compat.torch import autocast_dtype, autocast_enabled
 from ...tracing import capturing_for_other_sizes
 
 __all__ = ['fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward', 'xca_block_inference',
@@ -189,12 +190,6 @@ def xca_block_forward_auto(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> t
     return type(blk).forward(blk, x, H, W)
 
 
-def _drop_path(blk: nn.Module, i: int) -> nn.Module:
-    """The stochastic depth of an XCA block's ``i``-th residual: timm 1.0.21 and later build one
-    per residual (``drop_path1..3``), earlier releases one ``drop_path`` for all three."""
-    return getattr(blk, f'drop_path{i}', None) or blk.drop_path
-
-
 def xca_block_forward(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> torch.Tensor:
     """timm's ``XCABlock.forward(x, H, W)`` through the faster parts above.
 
@@ -212,10 +207,10 @@ def xca_block_forward(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> torch.
         return xca_block_inference(blk, x, H, W)
     y = blk.norm1(x)
     y = xca_from_gram(attn, y) if has_linear_qkv(attn) else attn(y)
-    x = _residual(x, blk.gamma1, y, _drop_path(blk, 1))
+    x = _residual(x, blk.gamma1, y, drop_path_of(blk, 1))
     # timm's order: LPI (gamma3) before the MLP (gamma2), as in the official code
-    x = _residual(x, blk.gamma3, lpi_forward(blk.local_mp, blk.norm3(x), H, W), _drop_path(blk, 3))
-    x = _residual(x, blk.gamma2, blk.mlp(blk.norm2(x)), _drop_path(blk, 2))
+    x = _residual(x, blk.gamma3, lpi_forward(blk.local_mp, blk.norm3(x), H, W), drop_path_of(blk, 3))
+    x = _residual(x, blk.gamma2, blk.mlp(blk.norm2(x)), drop_path_of(blk, 2))
     return x
 
 

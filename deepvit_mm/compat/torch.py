@@ -26,6 +26,19 @@ in between was measured to have the API and fail.
   autocast turns itself off for float16), so there float16 is refused with what to do.
 * ``onnx_dynamo_export_problem``: ONNX export needs ``torch.onnx.export(dynamo=True)`` as torch
   2.13 has it: by version (``version.FEATURE_FLOORS``), as torch 2.5.1 has the API but fails.
+* ``NORM_LAYERS``: the normalisation layer types, with ``nn.RMSNorm`` where it exists (2.4+);
+  ``BatchNormBase``, ``ConvBase``: the base classes of batch norms and convolutions (private
+  names in torch).
+* ``add_bias``: ``y + bias`` whose bias gradient is summed in float32 (torch 2.1's CPU bfloat16
+  autocast sums it in bfloat16).
+
+Private torch APIs, each with the reason it is used and the releases it was tested on (2.1.2,
+2.13.0):
+
+* ``in_backward``: ``torch._C._current_graph_task_id``, as ``torch.utils.checkpoint`` uses it.
+* ``cpu_has_bfloat16``: ``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``.
+* ``load_weights_only`` reads torch's own allowlist (``torch._weights_only_unpickler``) on torch
+  before 2.6.
 """
 import _compat_pickle
 import pickle
@@ -33,13 +46,17 @@ import types
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 import torch
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm, _NormBase
+from torch.nn.modules.conv import _ConvNd
 
-from .version import FEATURE_FLOORS, release
+from ..version import FEATURE_FLOORS, release
 
 __all__ = [
     'TORCH_VERSION', 'is_compiling', 'is_exporting', 'autocast_enabled', 'autocast_dtype',
     'load_weights_only', 'RestrictedUnpickler', 'profiler_event_start_ns', 'flop_counter',
-    'cpu_grad_scaler', 'cpu_float16_training_problem', 'onnx_dynamo_export_problem'
+    'cpu_grad_scaler', 'cpu_float16_training_problem', 'onnx_dynamo_export_problem',
+    'NORM_LAYERS', 'BatchNormBase', 'ConvBase', 'add_bias', 'in_backward', 'cpu_has_bfloat16'
 ]
 
 
@@ -256,3 +273,53 @@ def onnx_dynamo_export_problem() -> Optional[str]:
             f'tested with torch {lowest}; torch {torch.__version__} cannot export these models '
             f'({known}). Export from an environment set up with requirements/constraints.txt '
             '(`make setup`); the exported .onnx file runs anywhere ONNX Runtime does.')
+
+
+# --------------------------------------------------------------------------------------------
+# layers
+# --------------------------------------------------------------------------------------------
+#: the base classes of torch's batch norms (SyncBatchNorm included) and convolutions, private in
+#: torch (``torch.nn.modules.batchnorm._BatchNorm``, ``conv._ConvNd``; mmcv tells layers apart by
+#: the same classes)
+BatchNormBase = _BatchNorm
+ConvBase = _ConvNd
+
+#: every normalisation layer type of this torch (``nn.RMSNorm``: torch >= 2.4)
+NORM_LAYERS: Tuple[type, ...] = (_NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm) + (
+    (nn.RMSNorm,) if hasattr(nn, 'RMSNorm') else ())
+
+
+class _BiasAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.bias_dtype = bias.dtype
+        return y + bias.to(y.dtype).view(1, -1, 1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return grad, grad.sum((0, 2), dtype=torch.float32).to(ctx.bias_dtype)
+
+
+def add_bias(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``y + bias`` for ``y`` of shape ``(B, C, N)``, the bias's gradient summed in float32 as
+    PyTorch's convolution kernels sum it. A plain broadcast add leaves that sum to ``sum_to_size``
+    in the gradient's dtype, which under CPU bf16 autocast on torch 2.1 accumulates in bf16 (16 bf16
+    ulps off the exact sum over 280 terms, measured; 0.5 on torch 2.13)."""
+    return _BiasAdd.apply(y, bias)
+
+
+# --------------------------------------------------------------------------------------------
+# private APIs
+# --------------------------------------------------------------------------------------------
+def in_backward() -> bool:
+    """Whether autograd's backward pass is running (a checkpointed block being recomputed)."""
+    # reason: the only time a module runs forward while a graph task executes; torch.utils.
+    # checkpoint tells its recomputation apart by the same private call (torch 2.1 to 2.13)
+    return torch._C._current_graph_task_id() != -1
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX)."""
+    # reason: torch.cpu exposes these checks only under private names (torch 2.1 to 2.13)
+    checks = ('_is_avx512_bf16_supported', '_is_amx_tile_supported')
+    return any(getattr(torch.cpu, c, lambda: False)() for c in checks)

@@ -1,0 +1,17 @@
+"""Everything deepvit_mm does differently per release of a library it builds on, every use of
+another library's private API, and every change it makes to mmengine or mmcv, one module per
+library; each entry names the releases that need it. ``deepvit_mm.version`` holds the supported
+ranges and the tested stacks, ``deepvit_mm._deps`` checks them on import.
+
+- ``torch``: APIs that differ between torch 2.1 and 2.13 (compilation and export state, autocast
+  queries, restricted unpickling, profiler and FLOP counting, CPU loss scaling, ONNX export),
+  layers that keep older torch's numerics (``add_bias``, ``NORM_LAYERS``) and the private APIs
+  used (``in_backward``, ``cpu_has_bfloat16``);
+- ``timm``: XCiT's stochastic depth (timm 1.0.21), the pruned class token and the
+  ``no_weight_decay`` declarations (timm 1.0.31);
+- ``numpy``: the names pickled arrays and dtypes have under numpy 1 and 2;
+- ``mmengine``: ``deepvit_mm::`` config paths, checkpoints loaded through deepvit_mm's matcher
+  (the one module-level function replaced), the source of a state dict, ``HistoryBuffer``'s
+  statistics;
+- ``mmcv``: mmcv's compiled ops in float32 under CPU autocast.
+"""

@@ -1,0 +1,41 @@
+"""What differs between the timm releases deepvit_mm supports (1.0.16 to 1.0.x, tested: 1.0.16 and
+1.0.31), each with the release that changed it.
+
+* ``drop_path_of``: timm 1.0.21 gave each residual of an XCA block its own stochastic depth
+  (``drop_path1..3``); earlier releases share one ``drop_path``.
+* ``drop_pruned_classifier_parameters``: ``prune_intermediate_layers(prune_head=True)`` keeps the
+  class token before timm 1.0.31.
+* ``declared_no_weight_decay``: ``no_weight_decay()`` names XCiT's position encoding as a module
+  (``'pos_embed'``) before timm 1.0.31 and as a pattern (``'pos_embed.*'``) from it on.
+"""
+import fnmatch
+from typing import Iterable, List
+
+import torch.nn as nn
+
+__all__ = ['drop_path_of', 'drop_pruned_classifier_parameters', 'declared_no_weight_decay']
+
+
+def drop_path_of(block: nn.Module, i: int) -> nn.Module:
+    """The stochastic depth of the ``i``-th residual (1, 2, 3) of a timm ``XCABlock``."""
+    return getattr(block, f'drop_path{i}', None) or block.drop_path
+
+
+def drop_pruned_classifier_parameters(trunk: nn.Module, parts: Iterable[str]) -> None:
+    """Set to None the classification parameters among ``parts`` (``cls_token``) that a pruned
+    trunk still holds: a parameter that never gets a gradient (DDP without
+    ``find_unused_parameters`` stops on it)."""
+    for part in parts:
+        if isinstance(getattr(trunk, part, None), nn.Parameter):
+            setattr(trunk, part, None)
+
+
+def declared_no_weight_decay(module: nn.Module) -> List[str]:
+    """Names, relative to ``module``, of its parameters that its ``no_weight_decay()`` declares
+    (``fnmatch`` patterns, or module names covering their parameters); none without one."""
+    declared = getattr(module, 'no_weight_decay', None)
+    if not callable(declared):
+        return []
+    patterns = set(declared())
+    return [n for n, _ in module.named_parameters()
+            if any(fnmatch.fnmatchcase(n, p) or n.startswith(p + '.') for p in patterns)]

@@ -24,6 +24,7 @@ from .optim import (  # noqa: E402
 )
 from .pyramid import ColumnarPyramid  # noqa: E402
 from .runtime import (  # noqa: E402
+    CheckConsumersHook,
     CPUAmpOptimWrapper,
     CPUDistributedDataParallel,
     CrashSafeCheckpointHook,
@@ -62,6 +63,6 @@ _register_config_package()
 
 __all__ = ['__version__', 'XCiT', 'CaiT', 'ColumnarBackbone', 'ColumnarPyramid', 'CheckpointError',
            'CPUAmpOptimWrapper', 'CPUDistributedDataParallel', 'RNGStateHook',
-           'CrashSafeCheckpointHook', 'FiniteLossHook', 'ColumnarLayerDecayOptimizerConstructor',
-           'NoDecayOnScalesOptimizerConstructor',
+           'CheckConsumersHook', 'CrashSafeCheckpointHook', 'FiniteLossHook',
+           'ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
            'read_checkpoint', 'load_weights', 'trusted_checkpoints']

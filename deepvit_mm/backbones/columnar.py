@@ -7,7 +7,6 @@ convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_
 """
 import difflib
 import re
-import sys
 from typing import Callable, ClassVar, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
 import torch
@@ -17,7 +16,6 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..consumers import check_model_around
 from ..pyramid import PAPER_STRIDES, ColumnarPyramid
 from ..torch_compat import autocast_enabled
 from ..tracing import in_graph_capture
@@ -237,8 +235,6 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         return name
 
     # ----------------------------------------------------------------- what a neck or head reads
-    consumers_checked: bool = False  # set once the model around this backbone was checked
-
     @classmethod
     def default_out_indices(cls, arch: str,
                             out_strides: Sequence[int] = (4, 8, 16, 32)) -> Tuple[int, ...]:
@@ -333,8 +329,6 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             batch gives empty maps.
         """
         check_input(self, x)
-        if not self.consumers_checked and not in_graph_capture():
-            check_model_around(self, sys._getframe())  # the neck's or heads' channels, once
         if x.shape[0] == 0:
             return self._empty_output(x)
         h, w = x.shape[-2:]

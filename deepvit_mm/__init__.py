@@ -25,6 +25,7 @@ from .optim import (  # noqa: E402
 )
 from .pyramid import ColumnarPyramid  # noqa: E402
 from .runtime import (  # noqa: E402
+    CheckConsumersHook,
     CPUAmpOptimWrapper,
     CPUDistributedDataParallel,
     CrashSafeCheckpointHook,
@@ -37,6 +38,6 @@ register_config_package('deepvit_mm', __path__[0])  # `_base_ = 'deepvit_mm::con
 
 __all__ = ['__version__', 'XCiT', 'CaiT', 'ColumnarBackbone', 'ColumnarPyramid', 'CheckpointError',
            'CPUAmpOptimWrapper', 'CPUDistributedDataParallel', 'RNGStateHook',
-           'CrashSafeCheckpointHook', 'FiniteLossHook', 'ColumnarLayerDecayOptimizerConstructor',
-           'NoDecayOnScalesOptimizerConstructor',
+           'CheckConsumersHook', 'CrashSafeCheckpointHook', 'FiniteLossHook',
+           'ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
            'read_checkpoint', 'load_weights', 'trusted_checkpoints']

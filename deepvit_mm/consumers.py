@@ -14,59 +14,44 @@ the heads fed by the backbone directly: mmseg's decode and auxiliary heads (``in
 input; cascades such as OCRNet, whose heads must read one stride) and MaskFormer/Mask2Former
 heads (mmdet's and mmseg's, through their pixel decoder). Anything else is not judged.
 
-The backbones call ``check_model_around`` once, at their first forward; ``check_consumers(model)``
-can also be called on a built model.
+The check runs before anything else does: ``CheckConsumersHook`` (``deepvit_mm.runtime``, in every
+recipe's ``custom_hooks``) before a Runner's run starts, and ``build_from_config`` and
+``build_inferencer`` once they have built the model, all through ``check_model``;
+``check_consumers(model)`` checks a built model. The backbone's forward does not check.
 """
 from typing import List, Optional, Sequence
 
 import torch.nn as nn
+from mmengine.model import BaseTTAModel, is_model_wrapper
 
+from .backbones import ColumnarBackbone
+from .compat.torch import ConvBase
 from .pyramid import PAPER_STRIDES
 
-__all__ = ['ChannelMismatchError', 'check_consumers', 'check_model_around', 'consumer_problems',
-           'find_owner']
+__all__ = ['ChannelMismatchError', 'check_consumers', 'check_model', 'consumer_problems']
 
 
 class ChannelMismatchError(ValueError):
     """A neck or head was built for other channels (or levels) than the backbone feeds it."""
 
 
-def find_owner(module: nn.Module, frame, max_depth: int = 8) -> Optional[nn.Module]:
-    """The model holding ``module``, found among the callers' ``self``.
-
-    A module has no reference to the model around it; mmdet's and mmseg's models call
-    ``self.backbone(x)`` from their own methods (``extract_feat``), so the model is the first
-    caller's ``self`` that has ``module`` as a direct child.
+def check_model(model: nn.Module) -> None:
+    """``check_consumers`` on a model whose backbone is a ``ColumnarBackbone``; other models are
+    left alone.
 
     Args:
-        module (nn.Module): The backbone.
-        frame (frame): The frame to start from (the backbone's ``forward``).
-        max_depth (int): Callers looked at. Default: 8 (``forward`` is 3 frames below the
-            model's method: ``_call_impl``, ``_wrapped_call_impl``).
+        model (nn.Module): A detector or segmentor as mmengine holds it (``runner.model``, an
+            inferencer's ``model``): inside mmengine's model wrappers
+            (``MMDistributedDataParallel``...) or a test-time augmentation model
+            (``BaseTTAModel``: mmdet's ``DetTTAModel``, mmseg's ``SegTTAModel``), or not.
 
-    Returns:
-        nn.Module | None: The model, or None when none of the callers holds ``module``.
+    Raises:
+        ChannelMismatchError: as ``check_consumers``.
     """
-    for _ in range(max_depth):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get('self')
-        if isinstance(owner, nn.Module) and owner is not module and \
-                any(child is module for child in owner.children()):
-            return owner
-        frame = frame.f_back
-    return None
-
-
-def check_model_around(backbone: nn.Module, frame) -> None:
-    """At a backbone's first forward: the model calling it (``find_owner`` from ``frame``, the
-    frame of the backbone's ``forward``) has a neck or heads built for its levels, else
-    ``ChannelMismatchError`` naming the config keys to set. A backbone called alone is not
-    judged. Marks the backbone checked either way."""
-    owner = find_owner(backbone, frame)
-    if owner is not None:
-        check_consumers(owner, backbone)
-    backbone.consumers_checked = True
+    while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
+        model = model.module
+    if isinstance(getattr(model, 'backbone', None), ColumnarBackbone):
+        check_consumers(model)
 
 
 def check_consumers(model: nn.Module, backbone: Optional[nn.Module] = None) -> None:
@@ -245,7 +230,7 @@ def _pixel_decoder_channels(decoder: nn.Module) -> Optional[List[int]]:
 
 def _first_conv_in_channels(module: nn.Module) -> Optional[int]:
     for m in module.modules():
-        if isinstance(m, nn.modules.conv._ConvNd):
+        if isinstance(m, ConvBase):
             return int(m.in_channels)
     return None
 

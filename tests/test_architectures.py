@@ -9,18 +9,21 @@ optimizer (finite losses, a finite gradient for every trainable backbone paramet
 weights changed) and predicts in test mode. docs/architectures.md has the table of these cases.
 
 Then: the levels a backbone feeds are available from Python (``feature_levels``), 3 levels default
-to the paper's taps of their strides, and a neck or head built for other channels or levels fails
-at the first step with a message naming the config keys to set.
+to the paper's taps of their strides, and a neck or head built for other channels or levels is
+refused before anything runs (by ``build_from_config`` and by ``CheckConsumersHook`` before a
+Runner's run) with a message naming the config keys to set; the forward itself does not check.
 """
 import re
+from types import SimpleNamespace
 from typing import NamedTuple, Optional
 
 import pytest
 import torch
-from conftest import EARLY, build_model, config_from_text, seg_inputs
+from conftest import DEMO_DET, EARLY, build_model, config_from_text, seg_inputs
 
-from deepvit_mm import CaiT, ColumnarBackbone, XCiT
-from deepvit_mm.consumers import ChannelMismatchError, check_consumers
+import deepvit_mm.consumers as consumers
+from deepvit_mm import CaiT, CheckConsumersHook, ColumnarBackbone, XCiT
+from deepvit_mm.consumers import ChannelMismatchError, check_consumers, check_model
 
 # the smallest arch of each family: XCiT with the paper's taps (12 blocks of 128 channels);
 # CaiT pruned to its first blocks (conftest.EARLY), one tap per level
@@ -263,7 +266,7 @@ def test_strides_without_default_taps_ask_for_out_indices(strides):
 
 # ------------------------------------------------------------------------------ wrong channels
 # a stock config with the backbone swapped and nothing else: the channels of a ResNet-50
-# (case, the fix the message names, the backbone's levels, the first step: training or test)
+# (case, the fix the message names, the backbone's levels, the step run unchecked: training or test)
 MISMATCHES = [
     ('faster_rcnn', 'model.neck.in_channels=[{C}, {C}, {C}, {C}]', 4, 'loss'),
     ('dino', 'out_strides=(8, 16, 32)', 4, 'predict'),  # 3-level ChannelMapper fed 4 levels
@@ -275,6 +278,30 @@ MISMATCHES = [
     ('mask2former_semantic', 'model.decode_head.in_channels=[{C}, {C}, {C}, {C}]', 4, 'loss'),
     ('pspnet', 'model.decode_head.in_index to levels that exist', 2, 'predict'),  # 3 of 2 levels
 ]
+# what a mismatched neck or head raises itself in its forward: a convolution's shape error, an
+# assertion on the number of levels, an index past the levels
+OWN_ERRORS = (RuntimeError, AssertionError, IndexError)
+
+
+def build_unchecked(cfg) -> torch.nn.Module:
+    """``build_model`` without the consumer check, as code other than ``build_from_config``
+    builds a model (mmengine's Runner, mmdet's ``init_detector``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(consumers, 'check_consumers', lambda *a: None)
+        return build_model(cfg)
+
+
+def mismatch_message(cfg, unchecked: torch.nn.Module) -> str:
+    """The ``ChannelMismatchError`` of both entry points, which say the same: building ``cfg``
+    with ``build_from_config``, and ``CheckConsumersHook.before_run`` on a runner holding
+    ``unchecked`` (``cfg``'s model built without the check; the hook reads only
+    ``runner.model``)."""
+    with pytest.raises(ChannelMismatchError) as built:
+        build_model(cfg)
+    with pytest.raises(ChannelMismatchError) as hooked:
+        CheckConsumersHook().before_run(SimpleNamespace(model=unchecked))
+    assert str(hooked.value) == str(built.value)
+    return str(built.value)
 
 
 @pytest.mark.parametrize('arch_id,fix,levels,mode', MISMATCHES,
@@ -284,41 +311,82 @@ def test_consumer_built_for_other_channels_fails_naming_the_fix(tmp_path, arch_i
     arch = next(a for a in ARCHS if a.id == arch_id)
     stock = arch._replace(levels=levels, changes='')  # build_model drops mmseg's pretrained
     cfg = arch_config(tmp_path, stock, 'XCiT')
-    model = build_model(cfg)  # builds: the neck and heads do not know the backbone
-    data = generated_data(cfg, model, train=mode == 'loss')
-    data = model.data_preprocessor(data, mode == 'loss')
+    model = build_unchecked(cfg)  # builds: the neck and heads do not know the backbone
+    message = mismatch_message(cfg, model)
     channels = list(model.backbone.out_channels)
-    with pytest.raises(ChannelMismatchError) as err:
-        model.train(mode == 'loss')(**data, mode=mode)
-    message = str(err.value)
     assert f'XCiT(arch=\'nano_12_p16\') feeds {levels} levels of {channels} channels' in message
     assert fix.format(C=CHANNELS['XCiT']) in message
+    # the forward does not check: unchecked, the step fails inside the neck or head
+    data = model.data_preprocessor(generated_data(cfg, model, train=mode == 'loss'), mode == 'loss')
+    with pytest.raises(OWN_ERRORS) as err:
+        model.train(mode == 'loss')(**data, mode=mode)
+    assert not isinstance(err.value, ChannelMismatchError)
 
 
-def test_cascade_heads_at_two_strides_fail_naming_the_fix(tmp_path, monkeypatch):
+def test_cascade_heads_at_two_strides_fail_naming_the_fix(tmp_path):
     """OCRNet's OCR head gathers the FCN head's class map over its own input: heads given two
-    strides (channels right) are refused at the first step with the in_index to set; unchecked,
-    the step fails inside mmseg's gather."""
-    import deepvit_mm.consumers as consumers
+    strides (channels right) are refused with the in_index to set; unchecked, the step fails
+    inside mmseg's gather."""
     ocrnet = next(a for a in ARCHS if a.id == 'ocrnet')
     two = ocrnet._replace(levels=2, changes=ocrnet.changes.replace(
         'decode_head[0].update(in_channels={C}, in_index=0)',
         'decode_head[0].update(in_channels={C}, in_index=1)'))
     cfg = arch_config(tmp_path, two, 'XCiT')
-    model = build_model(cfg)
-    data = model.data_preprocessor(generated_data(cfg, model, train=True), True)
-    with pytest.raises(ChannelMismatchError) as err:
-        model.train()(**data, mode='loss')
+    model = build_unchecked(cfg)
+    message = mismatch_message(cfg, model)
     assert 'model.decode_head[1] (OCRHead) gathers model.decode_head[0]\'s class map (in_index=1, ' \
-        'stride 32) over its own input (in_index=0, stride 16)' in str(err.value)
-    assert 'Set model.decode_head[1].in_index=1' in str(err.value)
-    monkeypatch.setattr(consumers, 'check_consumers', lambda *a: None)
+        'stride 32) over its own input (in_index=0, stride 16)' in message
+    assert 'Set model.decode_head[1].in_index=1' in message
+    data = model.data_preprocessor(generated_data(cfg, model, train=True), True)
     with pytest.raises(RuntimeError, match='Expected size for first two dimensions'):
-        build_model(cfg).train()(**data, mode='loss')
+        model.train()(**data, mode='loss')
+
+
+def test_a_runner_stops_before_the_first_iteration(tmp_path, shapes):
+    """``tools/train.py``'s path: mmengine's Runner builds the model without the check, and the
+    recipes' ``CheckConsumersHook`` refuses it before any iteration."""
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+    cfg = Config.fromfile(DEMO_DET)
+    cfg.merge_from_dict({
+        'model.neck.in_channels': [256, 512, 1024, 2048],  # a ResNet-50's
+        'train_dataloader.dataset.data_root': f'{shapes}/', 'train_dataloader.num_workers': 0,
+        'train_dataloader.persistent_workers': False,
+        'val_cfg': None, 'val_dataloader': None, 'val_evaluator': None})
+    cfg.work_dir = str(tmp_path)
+    runner = Runner.from_cfg(cfg)
+    steps = []
+    runner.model.backbone.register_forward_pre_hook(lambda *a: steps.append(a))
+    with pytest.raises(ChannelMismatchError, match=re.escape(
+            'model.neck (FPN): in_channels=[256, 512, 1024, 2048]. '
+            'Set model.neck.in_channels=[128, 128, 128, 128].')):
+        runner.train()
+    assert steps == [] and runner.iter == 0
+
+
+def test_a_wrapped_model_is_checked_inside(tmp_path, monkeypatch):
+    """``runner.model`` of a distributed run is in a model wrapper, and of ``tools/test.py --tta``
+    in a test-time augmentation model: the hook checks the segmentor inside both."""
+    from mmengine.registry import MODEL_WRAPPERS
+    from mmseg.models import SegTTAModel
+
+    class Wrapper(torch.nn.Module):  # as MMDistributedDataParallel holds the model
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+    monkeypatch.setitem(MODEL_WRAPPERS._module_dict, 'Wrapper', Wrapper)
+    arch = next(a for a in ARCHS if a.id == 'upernet')
+    cfg = arch_config(tmp_path, arch._replace(changes='pretrained=None'), 'XCiT')
+    model = build_unchecked(cfg)
+    with pytest.raises(ChannelMismatchError) as wrapped:
+        CheckConsumersHook().before_run(SimpleNamespace(model=Wrapper(SegTTAModel(module=model))))
+    with pytest.raises(ChannelMismatchError) as plain:
+        check_consumers(model)
+    assert str(wrapped.value) == str(plain.value)
 
 
 def test_a_fitting_model_passes_and_is_checked_once(tmp_path, monkeypatch):
-    import deepvit_mm.consumers as consumers
+    """Checked once, by ``build_from_config``; its forward passes do not check."""
     calls = []
     monkeypatch.setattr(consumers, 'check_consumers', lambda *a: calls.append(a))
     arch = next(a for a in ARCHS if a.id == 'upernet')
@@ -327,22 +395,26 @@ def test_a_fitting_model_passes_and_is_checked_once(tmp_path, monkeypatch):
     data = model.eval().data_preprocessor(seg_inputs(1, SIZE, SIZE), False)
     for _ in range(2):
         model(**data, mode='tensor')
-    assert calls == [(model, model.backbone)]
+    assert calls == [(model,)]
+    monkeypatch.undo()
     check_consumers(model)  # nothing raised for the real check either
+    CheckConsumersHook().before_run(SimpleNamespace(model=model))
 
 
-def test_a_backbone_alone_is_not_checked():
+def test_a_backbone_alone_runs_without_a_check(monkeypatch):
+    calls = []
+    monkeypatch.setattr(consumers, 'check_consumers', lambda *a: calls.append(a))
     model = XCiT('nano_12_p16', out_strides=(16, 32))
     assert len(model(torch.randn(1, 3, 32, 32))) == 2
-    assert model.consumers_checked
+    check_model(model)  # not a detector or segmentor: left alone
+    assert calls == [] and not hasattr(model, 'consumers_checked')
 
 
 def test_message_lists_every_mismatched_head(tmp_path):
     arch = next(a for a in ARCHS if a.id == 'upernet')
     cfg = arch_config(tmp_path, arch._replace(changes='pretrained=None'), 'XCiT')
-    with pytest.raises(ChannelMismatchError) as err:
-        check_consumers(build_model(cfg))
-    keys = re.findall(r'Set (model\.[\w.]+)=', str(err.value))
+    message = mismatch_message(cfg, build_unchecked(cfg))
+    keys = re.findall(r'Set (model\.[\w.]+)=', message)
     assert keys == ['model.decode_head.in_channels', 'model.auxiliary_head.in_channels']
 
 
@@ -359,7 +431,6 @@ model = dict(
               start_level=0))
 """)
     assert 'deepvit_mm' not in cfg and cfg.model.neck.in_channels == [128, 128, 128]
-    model = build_model(cfg)
+    model = build_model(cfg)  # checked: the neck fits
     assert model.backbone.out_indices == XCiT.default_out_indices('nano_12_p16', (8, 16, 32))
-    check_consumers(model)  # the neck fits
     cfg.dump(str(tmp_path / 'dumped.py'))  # and the config still dumps

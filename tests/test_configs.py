@@ -147,6 +147,7 @@ def test_config_uses_the_shared_runtime(path):
     cfg = Config.fromfile(path)
     assert cfg.custom_imports == RUNTIME.custom_imports
     assert cfg.custom_hooks == RUNTIME.custom_hooks
+    assert dict(type='CheckConsumersHook') in cfg.custom_hooks  # the channels, before the run
     assert cfg.default_hooks.checkpoint.type == RUNTIME.checkpoint_hook.type
     keys = dict(RUNTIME.paramwise_cfg.custom_keys)
     if cfg.model.backbone.type == 'CaiT':  # the official rule's position-embedding key, read for CaiT
@@ -190,7 +191,8 @@ def test_runner_reverts_syncbn_when_not_distributed(tmp_path):
     assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in modules)
     assert any(isinstance(m, _BatchNorm) for m in runner.model.backbone.modules())
     names = [type(h).__name__ for h in runner.hooks]
-    assert {'RNGStateHook', 'FiniteLossHook', 'CrashSafeCheckpointHook'} <= set(names), names
+    assert {'CheckConsumersHook', 'RNGStateHook', 'FiniteLossHook',
+            'CrashSafeCheckpointHook'} <= set(names), names
 
 
 def test_recipes_can_be_inherited_from_the_package(tmp_path):

@@ -11,7 +11,7 @@ from conftest import build_model
 from mmengine.config import Config
 from mmengine.runner import load_checkpoint
 
-from deepvit_mm import CheckpointError, load_weights, read_checkpoint
+from deepvit_mm import CheckpointError, XCiT, load_weights, read_checkpoint
 from deepvit_mm.checkpoints import (
     TRUST_ENV,
     config_text_problem,
@@ -92,7 +92,9 @@ def test_every_path_loads_through_the_matcher_with_one_report(det, load, logged)
 @pytest.mark.parametrize('load', DET_PATHS + [_via_init_cfg])
 def test_other_arch_refused_on_every_path(det, tmp_path, load):
     cfg_file, _, _ = det
-    other = build_model(_cfg(DET_CFG, arch='tiny_12_p16'))
+    cfg = _cfg(DET_CFG, arch='tiny_12_p16')
+    cfg.model.neck.in_channels = [XCiT.arch_zoo['tiny_12_p16'].embed_dim] * 4
+    other = build_model(cfg)
     ckpt = str(tmp_path / 'tiny.pth')
     torch.save({'state_dict': other.state_dict()}, ckpt)
     with pytest.raises(CheckpointError, match=r"does not fit XCiT\(nano_12_p16\). It looks like a "

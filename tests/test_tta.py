@@ -112,8 +112,8 @@ def _run_test(tmp_path, config, data_root, checkpoint, *extra):
     child.write_text(textwrap.dedent(f"""
         _base_ = '{config}'
         custom_imports = dict(imports=['deepvit_mm', 'tta_probe'], allow_failed_imports=False)
-        custom_hooks = [dict(type='FiniteLossHook'), dict(type='RNGStateHook'),
-                        dict(type='TTAProbeHook')]
+        custom_hooks = [dict(type='CheckConsumersHook'), dict(type='FiniteLossHook'),
+                        dict(type='RNGStateHook'), dict(type='TTAProbeHook')]
         """))
     work = tmp_path / ('work_tta' if '--tta' in extra else 'work')
     opts = [f'test_dataloader.dataset.data_root={data_root}', 'test_dataloader.num_workers=0',

@@ -8,9 +8,12 @@
 # interval) and `optim_wrapper.paramwise_cfg` (beside its lr and weight decay), then drops.
 custom_imports = dict(imports=['deepvit_mm'], allow_failed_imports=False)
 
-# The hooks of every run (deepvit_mm.runtime): FiniteLossHook stops at the first NaN/inf loss
-# (before it is logged or saved); RNGStateHook makes a resumed run bit-identical.
-custom_hooks = [dict(type='FiniteLossHook'), dict(type='RNGStateHook')]
+# The hooks of every run (deepvit_mm.runtime): CheckConsumersHook stops before the run starts when
+# the neck or heads were built for other channels or levels than the backbone feeds, naming the
+# config keys to set; FiniteLossHook stops at the first NaN/inf loss (before it is logged or saved);
+# RNGStateHook makes a resumed run bit-identical.
+custom_hooks = [dict(type='CheckConsumersHook'), dict(type='FiniteLossHook'),
+                dict(type='RNGStateHook')]
 
 # default_hooks.checkpoint of every recipe; the schedules add by_epoch and the interval.
 # CrashSafeCheckpointHook: mmengine's CheckpointHook whose files survive a kill at any moment

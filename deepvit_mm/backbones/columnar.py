@@ -8,7 +8,6 @@ convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_
 import contextlib
 import difflib
 import re
-import sys
 from typing import (
     Callable,
     ClassVar,
@@ -32,7 +31,6 @@ from mmengine.model import BaseModule
 
 from ..compat.timm import drop_pruned_classifier_parameters
 from ..compat.torch import BatchNormBase, autocast_enabled
-from ..consumers import check_model_around
 from ..pyramid import PAPER_STRIDES, ColumnarPyramid
 from ..tracing import in_graph_capture
 from .checks import check_arguments, check_input, check_out_indices, free_memory
@@ -247,8 +245,6 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         return name
 
     # ----------------------------------------------------------------- what a neck or head reads
-    consumers_checked: bool = False  # set once the model around this backbone was checked
-
     @classmethod
     def default_out_indices(cls, arch: str,
                             out_strides: Sequence[int] = (4, 8, 16, 32)) -> Tuple[int, ...]:
@@ -359,8 +355,6 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             batch gives empty maps.
         """
         check_input(self, x)
-        if not self.consumers_checked and not in_graph_capture():
-            check_model_around(self, sys._getframe())  # the neck's or heads' channels, once
         if x.shape[0] == 0:
             return self._empty_output(x)
         h, w = x.shape[-2:]

@@ -1,7 +1,8 @@
 """What deepvit_mm adds to mmengine's training runtime, one module per job (registered on import).
 
-- ``hooks``: crash-safe checkpoints, a stop on non-finite losses, RNG state in checkpoints;
-- ``amp``: mixed precision on CPU (``CPUAmpOptimWrapper``), and
+- ``hooks``: the neck's and heads' channels checked before a run, crash-safe checkpoints, a stop
+  on non-finite losses, RNG state in checkpoints;
+- ``amp``: mixed precision on CPU (``CPUAmpOptimWrapper``) and
   the fp16 recipes' float32 fallback without a GPU (``fit_precision_to_device``);
 - ``distributed``: distributed runs on CPU processes (gloo) through mmengine's Runner;
 - ``allocator``: glibc malloc tuning for CPU runs;
@@ -23,9 +24,16 @@ from .config import (
     task_registry,
 )
 from .distributed import CPUDistributedDataParallel, setup_cpu_distributed
-from .hooks import CheckpointWriteError, CrashSafeCheckpointHook, FiniteLossHook, RNGStateHook
+from .hooks import (
+    CheckConsumersHook,
+    CheckpointWriteError,
+    CrashSafeCheckpointHook,
+    FiniteLossHook,
+    RNGStateHook,
+)
 
-__all__ = ['CrashSafeCheckpointHook', 'CheckpointWriteError', 'FiniteLossHook', 'RNGStateHook',
+__all__ = ['CheckConsumersHook', 'CrashSafeCheckpointHook', 'CheckpointWriteError',
+           'FiniteLossHook', 'RNGStateHook',
            'CPUAmpOptimWrapper', 'fit_precision_to_device',
            'CPUDistributedDataParallel', 'setup_cpu_distributed',
            'keep_freed_cpu_memory', 'prepare_config', 'task_of', 'task_registry', 'load_config',

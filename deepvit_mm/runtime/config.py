@@ -1,5 +1,6 @@
 """Reading a config and building its model as mmdet's and mmseg's tools do: ``tools/train.py``,
 ``tools/test.py``, ONNX export (``deepvit_mm.deploy``) and the tools' measuring harness use it."""
+import contextlib
 import copy
 import os.path as osp
 from typing import Optional, Sequence, Tuple
@@ -9,6 +10,8 @@ import torch
 import torch.nn as nn
 from mmengine.config import Config, ConfigDict
 from mmengine.logging import print_log
+
+from ..consumers import check_model
 
 __all__ = ['task_of', 'task_registry', 'load_config', 'build_from_config', 'num_classes_of',
            'prepare_config', 'enable_visualization', 'VIS_BACKENDS', 'set_vis_backends',
@@ -59,7 +62,8 @@ def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
 def build_from_config(cfg, cfg_options: Optional[dict] = None, *,
                       device: Optional[str] = None) -> Tuple[nn.Module, str]:
     """A config's detector or segmentor, built by mmdet's or mmseg's ``MODELS`` in the config's
-    scope (the caller's default scope stays as it was), SyncBN reverted to BN (one process).
+    scope (the caller's default scope stays as it was), SyncBN reverted to BN (one process), its
+    neck or heads checked against its columnar backbone (``deepvit_mm.consumers.check_model``).
 
     Args:
         cfg (str | Config): A config file (read with ``load_config``) or a loaded config.
@@ -69,6 +73,10 @@ def build_from_config(cfg, cfg_options: Optional[dict] = None, *,
 
     Returns:
         tuple[nn.Module, str]: the model and its task, ``'det'`` or ``'seg'``.
+
+    Raises:
+        ChannelMismatchError: the neck or heads were built for other channels or levels than the
+            backbone feeds; the message names the config keys to set.
     """
     from mmengine.model.utils import revert_sync_batchnorm
     from mmengine.registry import DefaultScope
@@ -79,11 +87,11 @@ def build_from_config(cfg, cfg_options: Optional[dict] = None, *,
     task = task_of(cfg)
     models = task_registry(task)
     with DefaultScope.overwrite_default_scope(cfg.get('default_scope', 'mmdet')):
-        if device == 'meta':
-            with torch.device('meta'):
-                return revert_sync_batchnorm(models.build(cfg.model)), task
-        model = revert_sync_batchnorm(models.build(cfg.model))
-        model.init_weights()
+        with torch.device('meta') if device == 'meta' else contextlib.nullcontext():
+            model = revert_sync_batchnorm(models.build(cfg.model))
+        check_model(model)  # reads the modules' sizes only: a meta model has them too
+        if device is None:
+            model.init_weights()
     return model, task
 
 
@@ -280,6 +288,9 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None):
 
     Returns:
         tuple: The inferencer and the task, ``'det'`` or ``'seg'``.
+
+    Raises:
+        ChannelMismatchError: as ``build_from_config``.
     """
     from ..checkpoints import resolve_checkpoint
     if not osp.isfile(config):
@@ -294,6 +305,7 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None):
         from mmseg.apis import MMSegInferencer as Inferencer
     inferencer = Inferencer(model=cfg, weights=weights, device=device)
     model = inferencer.model
+    check_model(model)
     meta = dict(getattr(model, 'dataset_meta', None) or {})
     classes = meta.get('classes')
     if classes is None or len(classes) != num_classes_of(model, task):

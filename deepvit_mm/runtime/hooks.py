@@ -1,10 +1,12 @@
-"""Training hooks: crash-safe checkpoints, a stop on non-finite losses, RNG state in checkpoints.
+"""Runner hooks: the neck's and heads' channels checked before a run, crash-safe checkpoints, a stop
+on non-finite losses, RNG state in checkpoints.
 
 Each is registered in mmengine's ``HOOKS`` under its own name; nothing of mmengine's own hooks
-changes. The recipes use all three (``configs/_base_``); in your own configs::
+changes. The recipes use all four (``configs/_base_``); in your own configs::
 
     default_hooks = dict(checkpoint=dict(type='CrashSafeCheckpointHook', interval=1))
-    custom_hooks = [dict(type='FiniteLossHook'), dict(type='RNGStateHook')]
+    custom_hooks = [dict(type='CheckConsumersHook'), dict(type='FiniteLossHook'),
+                    dict(type='RNGStateHook')]
 """
 import logging
 import os
@@ -21,7 +23,10 @@ from mmengine.hooks import CheckpointHook, Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
-__all__ = ['CrashSafeCheckpointHook', 'CheckpointWriteError', 'FiniteLossHook', 'RNGStateHook']
+from ..consumers import check_model
+
+__all__ = ['CheckConsumersHook', 'CrashSafeCheckpointHook', 'CheckpointWriteError',
+           'FiniteLossHook', 'RNGStateHook']
 
 _TMP = '.tmp'
 
@@ -78,6 +83,20 @@ def _write_failed(path: str, error: OSError, previous: Optional[str]) -> Checkpo
         f'training stopped: could not write the checkpoint {path} ({code}: '
         f'{error.strerror or error}). {kept} No partial file was left. Free space (or raise the '
         'quota, or make the folder writable), then continue with tools/train.py CONFIG --resume.')
+
+
+@HOOKS.register_module()
+class CheckConsumersHook(Hook):
+    """Before a run (training, validation or test) starts, check that the model's neck or heads
+    were built for the channels and levels its ``ColumnarBackbone`` feeds them
+    (``deepvit_mm.consumers``): a mismatch stops with ``ChannelMismatchError`` naming the config
+    keys to set, instead of a shape error inside the neck at the first iteration. Models with
+    another backbone are not checked.
+    """
+    priority = 'HIGHEST'  # before any other hook's before_run does work for a run that cannot go
+
+    def before_run(self, runner) -> None:
+        check_model(runner.model)
 
 
 @HOOKS.register_module()

@@ -17,13 +17,16 @@ own objects only and leaves mmengine's behaviour for everything else as it was.
   the keys (0.10.3, 0.10.7).
 * ``history_buffer_statistics``: ``HistoryBuffer``'s private ``_statistics_methods``, the names its
   pickled statistics methods may have.
+* ``init_amp_optim_wrapper_without_accelerator``: what ``AmpOptimWrapper.__init__`` sets up, its
+  private ``_scale_update_param`` included, without its assertion of an accelerator (0.10.3,
+  0.10.7), for ``CPUAmpOptimWrapper``.
 """
 import os.path as osp
 from collections import OrderedDict
-from typing import Callable, Mapping, Optional, Set
+from typing import Any, Callable, Mapping, Optional, Set
 
 __all__ = ['register_config_package', 'route_load_state_dict', 'tag_source', 'source_of',
-           'history_buffer_statistics']
+           'history_buffer_statistics', 'init_amp_optim_wrapper_without_accelerator']
 
 _MARK = '_deepvit_mm'
 _SOURCE = '_deepvit_mm_source'
@@ -91,3 +94,17 @@ def history_buffer_statistics() -> Set[str]:
     # reason: `_statistics_methods` is filled only once a HistoryBuffer is built in this process,
     # so a fresh `--resume` process would find it empty; the four defaults are named explicitly
     return {'min', 'max', 'current', 'mean', *HistoryBuffer._statistics_methods}
+
+
+def init_amp_optim_wrapper_without_accelerator(wrapper: Any, dtype: Any, loss_scaler: Any,
+                                               fixed_scale: Optional[float] = None,
+                                               **kwargs) -> None:
+    """Set ``wrapper`` (an ``AmpOptimWrapper``) up as its ``__init__`` would, which asserts an
+    accelerator: ``OptimWrapper``'s arguments ``kwargs``, autocast ``dtype``, ``loss_scaler``, and
+    the scale its ``update_params`` passes to the scaler's ``update`` (``fixed_scale``, or None:
+    dynamic)."""
+    from mmengine.optim import OptimWrapper
+    OptimWrapper.__init__(wrapper, **kwargs)
+    wrapper.cast_dtype = dtype
+    wrapper.loss_scaler = loss_scaler
+    wrapper._scale_update_param = fixed_scale

@@ -19,6 +19,7 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
 from ..compat.mmcv import run_mmcv_ops_in_float32
+from ..compat.mmengine import init_amp_optim_wrapper_without_accelerator
 from ..compat.torch import cpu_grad_scaler, cpu_has_bfloat16
 
 __all__ = ['CPUAmpOptimWrapper', 'fit_precision_to_device']
@@ -44,23 +45,21 @@ class CPUAmpOptimWrapper(AmpOptimWrapper):
         if dtype not in ('bfloat16', 'float16'):
             raise ValueError(f"CPUAmpOptimWrapper: dtype must be 'bfloat16' or 'float16', got "
                              f'{dtype!r}')
-        # reason: AmpOptimWrapper.__init__ asserts an accelerator; what it sets up is done here
-        OptimWrapper.__init__(self, **kwargs)
-        self.cast_dtype = getattr(torch, dtype)
-        self._scale_update_param = None
+        fixed_scale = None
         if dtype == 'float16':
             if isinstance(loss_scale, float):
-                self._scale_update_param = loss_scale
-                self.loss_scaler = cpu_grad_scaler(init_scale=loss_scale)
+                fixed_scale, scaler = loss_scale, cpu_grad_scaler(init_scale=loss_scale)
             elif isinstance(loss_scale, dict):
-                self.loss_scaler = cpu_grad_scaler(**loss_scale)
+                scaler = cpu_grad_scaler(**loss_scale)
             elif loss_scale == 'dynamic':
-                self.loss_scaler = cpu_grad_scaler()
+                scaler = cpu_grad_scaler()
             else:
                 raise TypeError(f'loss_scale must be "dynamic", a float or a dict, got '
                                 f'{loss_scale!r}')
         else:
-            self.loss_scaler = cpu_grad_scaler(enabled=False)
+            scaler = cpu_grad_scaler(enabled=False)
+        init_amp_optim_wrapper_without_accelerator(self, getattr(torch, dtype), scaler, fixed_scale,
+                                                   **kwargs)
         run_mmcv_ops_in_float32()
         if self.cast_dtype == torch.bfloat16 and not cpu_has_bfloat16():
             print_log(f'--amp: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native '

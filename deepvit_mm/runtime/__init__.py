@@ -4,6 +4,7 @@
   on non-finite losses, RNG state in checkpoints;
 - ``amp``: mixed precision on CPU (``CPUAmpOptimWrapper``) and
   the fp16 recipes' float32 fallback without a GPU (``fit_precision_to_device``);
+- ``fastest_step``: a training run in the precision and thread count measured fastest on this CPU;
 - ``distributed``: distributed runs on CPU processes (gloo) through mmengine's Runner;
 - ``allocator``: glibc malloc tuning for CPU runs;
 - ``config``: reading a config and building its model as mmdet's and mmseg's tools do.
@@ -24,6 +25,7 @@ from .config import (
     task_registry,
 )
 from .distributed import CPUDistributedDataParallel, setup_cpu_distributed
+from .fastest_step import FastestStepHook
 from .hooks import (
     CheckConsumersHook,
     CheckpointWriteError,
@@ -34,7 +36,7 @@ from .hooks import (
 
 __all__ = ['CheckConsumersHook', 'CrashSafeCheckpointHook', 'CheckpointWriteError',
            'FiniteLossHook', 'RNGStateHook',
-           'CPUAmpOptimWrapper', 'fit_precision_to_device',
+           'CPUAmpOptimWrapper', 'fit_precision_to_device', 'FastestStepHook',
            'CPUDistributedDataParallel', 'setup_cpu_distributed',
            'keep_freed_cpu_memory', 'prepare_config', 'task_of', 'task_registry', 'load_config',
            'build_from_config', 'num_classes_of', 'enable_visualization',

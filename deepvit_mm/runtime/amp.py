@@ -60,6 +60,8 @@ class CPUAmpOptimWrapper(AmpOptimWrapper):
             scaler = cpu_grad_scaler(enabled=False)
         init_amp_optim_wrapper_without_accelerator(self, getattr(torch, dtype), scaler, fixed_scale,
                                                    **kwargs)
+        #: False: float32, no autocast (``FastestStepHook`` sets it where float32 is faster)
+        self.autocast = True
         run_mmcv_ops_in_float32()
         if self.cast_dtype == torch.bfloat16 and not cpu_has_bfloat16():
             print_log(f'--amp: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native '
@@ -69,7 +71,8 @@ class CPUAmpOptimWrapper(AmpOptimWrapper):
 
     @contextmanager
     def optim_context(self, model: nn.Module):
-        with OptimWrapper.optim_context(self, model), torch.autocast('cpu', dtype=self.cast_dtype):
+        with OptimWrapper.optim_context(self, model), \
+                torch.autocast('cpu', dtype=self.cast_dtype, enabled=self.autocast):
             yield
 
 

@@ -458,13 +458,14 @@ def test_split_step_leaves_the_gradients_of_a_whole_step(config, cfg_options, pa
         torch.testing.assert_close(split[n], whole[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
-def test_profile_train_step_tool(capsys):
+@pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
+def test_profile_train_step_tool(capsys, dtype):
     tool = _tool('profile_train_step')
     import sys
     argv = sys.argv
     sys.argv = ['profile_train_step.py', DEMO_DET, '--shape', '64', '96', '--batch-size', '2',
-                '--num-objects', '2', '--steps', '1', '--warmup', '0', '--cfg-options',
-                'model.backbone.arch=nano_12_p16']
+                '--num-objects', '2', '--steps', '1', '--warmup', '0', '--dtype', dtype,
+                '--cfg-options', 'model.backbone.arch=nano_12_p16']
     try:
         tool.main()
     finally:
@@ -476,6 +477,10 @@ def test_profile_train_step_tool(capsys):
     shares = [float(ln.split('|')[5].strip(' %')) for k, ln in rows.items()
               if k not in ('part', 'sum of the parts', '`model.train_step`, same run')]
     assert abs(sum(shares) - 100) <= len(shares)  # rounded shares of the sum
+    floors = {k: float(ln.split('|')[6]) for k, ln in rows.items()
+              if k in ('backbone', 'neck', 'rpn', 'roi', 'optimizer', 'sum of the parts')}
+    assert all(v > 0 for v in floors.values()), floors
+    assert 'GFLOP/s (float32 GEMM' in out and f', {dtype}, ' in out
 
 
 def test_op_breakdown_counts_the_block_products_and_sums_to_the_pass():
@@ -495,3 +500,27 @@ def test_op_breakdown_counts_the_block_products_and_sums_to_the_pass():
     assert res['kinds']['GELU']['elements'] >= 8 * 24 * 4 * 128  # the MLPs' hidden maps
     lines = bm.breakdown_markdown(res)
     assert lines[0].startswith('| work |') and any('**all**' in ln for ln in lines)
+
+
+def test_step_floors_count_every_product_of_each_part():
+    """The floors' multiply-adds per part are every matrix product and convolution of that part,
+    forward and backward: the backbone's equal torch's FlopCounterMode over the backbone alone."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from deepvit_mm.runtime import num_classes_of
+    from deepvit_tools.benchmark.step import _WorkClock, split_backward
+    model, task = bm.build_from_config(DEMO_DET, {'model.backbone.arch': 'nano_12_p16',
+                                                  'model.backbone.drop_path_rate': 0.0})
+    model.train()
+    data = bm.synthetic_data(task, (64, 96), 2, num_classes_of(model, task), 2)
+    clock = _WorkClock()
+    split_backward(model, data, task, clock)
+    inputs = model.data_preprocessor(data, True)['inputs']
+    with FlopCounterMode(display=False) as fwd:
+        feats = model.backbone(inputs)
+    with FlopCounterMode(display=False) as bwd:
+        torch.autograd.backward(feats, [torch.ones_like(f) for f in feats])
+    assert clock.work[('backbone', 'fwd')]['macs'] == fwd.get_total_flops() // 2 > 0
+    assert clock.work[('backbone', 'bwd')]['macs'] == bwd.get_total_flops() // 2 > 0
+    assert all(w['bytes'] > 0 for w in clock.work.values())
+    assert {p for p, _ in clock.work} == {'data', 'backbone', 'neck', 'rpn', 'roi'}

@@ -31,7 +31,7 @@ from .batches import backbone_input
 from .measure import pass_runner, time_calls
 from .models import build_backbone, padded_size
 
-__all__ = ['KINDS', 'op_breakdown', 'breakdown_markdown']
+__all__ = ['KINDS', 'profiled_work', 'op_breakdown', 'breakdown_markdown']
 
 KINDS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ('matrix products', ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::baddbmm',
@@ -97,6 +97,33 @@ def _event_bytes(e) -> int:
     return 4 * (sum(_numel(s) for s in shapes) + max(_numel(s) for s in shapes))
 
 
+def profiled_work(fn) -> Dict[str, Dict[str, float]]:
+    """Run ``fn`` once under ``torch.profiler`` (CPU) and group its operators' own time by kind:
+    ``{kind: {'seconds', 'calls', 'macs', 'bytes', 'elements'}}``; multiply-adds for matrix
+    products and convolutions, bytes moved for the memory-bound kinds, elements for GELU."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        fn()
+    kinds: Dict[str, Dict[str, float]] = {}
+    for e in prof.events():
+        kind, self_s = _kind(e.name), e.self_cpu_time_total / 1e6
+        leaf = all(c.name in _VIEWS for c in e.cpu_children)  # allocations and views only
+        if self_s <= 0 and not (e.flops and kind in _COUNTED):
+            continue  # e.g. aten::conv2d: its time is its children's, its count is here
+        k = kinds.setdefault(kind, dict(seconds=0.0, calls=0, macs=0, bytes=0, elements=0))
+        k['seconds'] += self_s
+        k['calls'] += self_s > 0
+        if kind == 'matrix products':
+            k['macs'] += _product_macs(e.name, e.input_shapes)
+        elif kind in _COUNTED:
+            k['macs'] += int(e.flops or 0) // 2
+        elif leaf and e.name not in _VIEWS:  # wrappers' bytes are their children's
+            k['bytes'] += _event_bytes(e)
+            if kind == 'GELU' and e.input_shapes and e.input_shapes[0]:
+                k['elements'] += _numel(e.input_shapes[0])
+    return kinds
+
+
 def op_breakdown(arch: str, size: Tuple[int, int] = (800, 1344), mode: str = 'fwd',
                  repeats: int = 3, **backbone_kwargs) -> dict:
     """Profile one ``mode`` pass (``'fwd'`` inference, ``'train'`` forward + backward) of a
@@ -110,7 +137,6 @@ def op_breakdown(arch: str, size: Tuple[int, int] = (800, 1344), mode: str = 'fw
         ``floor_s`` (``GemmFloor``'s median time)
         and the settings.
     """
-    from torch.profiler import ProfilerActivity, profile
     torch.manual_seed(0)
     model = build_backbone(arch, **backbone_kwargs)
     x = backbone_input(size, 1)
@@ -140,25 +166,7 @@ def op_breakdown(arch: str, size: Tuple[int, int] = (800, 1344), mode: str = 'fw
     gemm_rate = floor_macs / statistics.median(floor_s)
     stream_rate = 3 * a.numel() * 4 / statistics.median(stream_s)
     gelu_rate = a.numel() / statistics.median(gelu_s)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
-        run()
-    kinds: Dict[str, Dict[str, float]] = {}
-    for e in prof.events():
-        kind, self_s = _kind(e.name), e.self_cpu_time_total / 1e6
-        leaf = all(c.name in _VIEWS for c in e.cpu_children)  # allocations and views only
-        if self_s <= 0 and not (e.flops and kind in _COUNTED):
-            continue  # e.g. aten::conv2d: its time is its children's, its count is here
-        k = kinds.setdefault(kind, dict(seconds=0.0, calls=0, macs=0, bytes=0, elements=0))
-        k['seconds'] += self_s
-        k['calls'] += self_s > 0
-        if kind == 'matrix products':
-            k['macs'] += _product_macs(e.name, e.input_shapes)
-        elif kind in _COUNTED:
-            k['macs'] += int(e.flops or 0) // 2
-        elif leaf and e.name not in _VIEWS:  # wrappers' bytes are their children's
-            k['bytes'] += _event_bytes(e)
-            if kind == 'GELU' and e.input_shapes and e.input_shapes[0]:
-                k['elements'] += _numel(e.input_shapes[0])
+    kinds = profiled_work(run)
     scale = statistics.median(total) / max(sum(k['seconds'] for k in kinds.values()), 1e-9)
     for kind, k in kinds.items():
         k['seconds'] *= scale  # the profiled call is slower than an unprofiled one

@@ -10,6 +10,15 @@ with the split ones, so a report shows how far the split's sum is from a real st
 Parts: ``data`` (the data preprocessor), ``backbone``, ``neck``, then a detector's ``rpn`` and
 ``roi`` heads (two-stage), ``head`` (one-stage), or a segmentor's ``decode`` and ``aux`` heads;
 ``optimizer`` (gradient clipping, the update and ``zero_grad``).
+
+Each part is also held against its floor, in float32: one more split step runs under
+``torch.profiler`` (``breakdown.profiled_work``) and torch's ``FlopCounterMode``, which count each
+part's multiply-adds (matrix products and convolutions, backward included) and the bytes its
+memory-bound operators read and write; the floor is
+the multiply-adds at this machine's GEMM rate plus the bytes at its streaming rate, both timed in
+the same run (a float32 product of the backbone's token map with a 4x wider weight, as its MLP
+does, and ``torch.add`` over a map of that size). Smaller products (the heads') run below that
+rate, so the floor is a lower bound, not a target.
 """
 import copy
 import statistics
@@ -20,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from .batches import synthetic_data
+from .breakdown import profiled_work
 from .models import build_from_config, load_config, num_classes_of
 
 __all__ = ['profile_train_step', 'split_backward', 'step_markdown']
@@ -46,6 +56,50 @@ class _Clock:
         out = fn()
         self.times[(part, phase)] = self.times.get((part, phase), 0.0) + time.perf_counter() - t0
         return out
+
+
+class _WorkClock(_Clock):
+    """Profiles each part's call instead of timing it: multiply-adds and bytes per
+    ``(part, phase)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.work: Dict[Tuple[str, str], Dict[str, float]] = {}
+
+    def __call__(self, part: str, phase: str, fn: Callable[[], object]):
+        from torch.utils.flop_counter import FlopCounterMode
+        out = []
+        # multiply-adds by torch's FlopCounterMode, which also counts convolutions' backward
+        # (the profiler's flop counts do not); bytes by the profiler
+        with FlopCounterMode(display=False) as flops:
+            kinds = profiled_work(lambda: out.append(fn()))
+        work = self.work.setdefault((part, phase), dict(macs=0, bytes=0))
+        work['macs'] += flops.get_total_flops() // 2
+        work['bytes'] += sum(kind['bytes'] for kind in kinds.values())
+        return out[0]
+
+
+def _rates(model: nn.Module, inputs: torch.Tensor, repeats: int = 5) -> Tuple[float, float]:
+    """This machine's float32 GEMM rate (multiply-adds/s) at the backbone's MLP shape and its
+    streaming rate (bytes/s) over a map of that size."""
+    backbone = model.backbone
+    c, p = backbone.embed_dim, backbone.patch_size
+    tokens = inputs.shape[0] * -(-inputs.shape[-2] // p) * -(-inputs.shape[-1] // p)
+    a, w = torch.randn(tokens, c), torch.randn(c, 4 * c)
+    x, y = torch.randn(tokens, 4 * c), torch.randn(tokens, 4 * c)
+    out, mm_out = torch.empty_like(x), torch.empty(tokens, 4 * c)
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    gemm = tokens * c * 4 * c / best(lambda: torch.mm(a, w, out=mm_out))
+    stream = 3 * x.numel() * 4 / best(lambda: torch.add(x, y, out=out))
+    return gemm, stream
 
 
 def _loss(model: nn.Module, losses: dict) -> torch.Tensor:
@@ -111,7 +165,8 @@ def _split_step(model, data, optim_wrapper, task: str) -> Dict[Tuple[str, str], 
 
 def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_size: int = 1,
                        num_objects: int = 10, steps: int = 3, warmup: int = 1,
-                       cfg_options: Optional[dict] = None, seed: int = 0) -> dict:
+                       cfg_options: Optional[dict] = None, seed: int = 0,
+                       dtype: str = 'fp32') -> dict:
     """Time a config's training step by part on CPU, next to whole ``model.train_step`` calls.
 
     Steps alternate (split, whole, split, whole, ...) after ``warmup`` of each; the median of
@@ -127,6 +182,9 @@ def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_s
         warmup (int): Untimed steps of each kind first. Default: 1.
         cfg_options (dict, optional): Config overrides.
         seed (int): Seed of the weights and the batch. Default: 0.
+        dtype (str): ``'fp32'`` (``OptimWrapper``) or ``'bf16'`` (``CPUAmpOptimWrapper``'s
+            bfloat16 autocast, the split steps under the same autocast), whatever the config's
+            wrapper. The floors are float32's. Default: ``'fp32'``.
 
     Returns:
         dict: ``parts`` (``{part: {'fwd', 'bwd', 'total'}}`` median seconds), ``split_sum``,
@@ -134,17 +192,26 @@ def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_s
         ``batch_size``, ``threads``.
     """
     from mmengine.optim import build_optim_wrapper
+    if dtype not in ('fp32', 'bf16'):
+        raise ValueError(f"dtype {dtype!r}: use 'fp32' or 'bf16'")
     cfg = load_config(config, cfg_options)
+    cfg.optim_wrapper.pop('dtype', None)
+    cfg.optim_wrapper.pop('loss_scale', None)
+    cfg.optim_wrapper.type = 'CPUAmpOptimWrapper' if dtype == 'bf16' else 'OptimWrapper'
+    if dtype == 'bf16':
+        cfg.optim_wrapper.dtype = 'bfloat16'
     torch.manual_seed(seed)
     model, task = build_from_config(cfg)
     model.train()
     optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    bf16 = dtype == 'bf16'
     data = synthetic_data(task, tuple(size), batch_size, num_classes_of(model, task),
                           num_objects, seed)
     split: List[Dict[Tuple[str, str], float]] = []
     whole: List[float] = []
     for i in range(warmup + steps):
-        times = _split_step(model, data, optim_wrapper, task)
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16):
+            times = _split_step(model, data, optim_wrapper, task)
         t0 = time.perf_counter()
         model.train_step(data, optim_wrapper)
         if i >= warmup:
@@ -152,14 +219,23 @@ def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_s
             whole.append(time.perf_counter() - t0)
     keys = list(split[0])
     med = {k: statistics.median(t.get(k, 0.0) for t in split) for k in keys}
+    clock = _WorkClock()  # the floors: one more split step, profiled (float32)
+    split_backward(model, data, task, clock)
+    clock('optimizer', '', lambda: (optim_wrapper.step(), optim_wrapper.zero_grad()))
+    gemm_rate, stream_rate = _rates(model, model.data_preprocessor(data, True)['inputs'])
     parts: Dict[str, Dict[str, float]] = {}
+    floors: Dict[str, Dict[str, float]] = {}
     for (part, phase), sec in med.items():
-        entry = parts.setdefault(part, {})
-        entry[phase or 'total'] = sec
-    for entry in parts.values():
+        work = clock.work.get((part, phase), dict(macs=0, bytes=0))
+        parts.setdefault(part, {})[phase or 'total'] = sec
+        floors.setdefault(part, {})[phase or 'total'] = \
+            work['macs'] / gemm_rate + work['bytes'] / stream_rate
+    for entry in (*parts.values(), *floors.values()):
         entry.setdefault('total', entry.get('fwd', 0.0) + entry.get('bwd', 0.0))
-    return dict(config=config, size=list(size), batch_size=batch_size, task=task,
+    return dict(config=config, size=list(size), batch_size=batch_size, task=task, dtype=dtype,
                 parts=parts, split_sum=sum(e['total'] for e in parts.values()),
+                floors=floors, floor_sum=sum(e['total'] for e in floors.values()),
+                gemm_rate=gemm_rate, stream_rate=stream_rate,
                 whole_step=statistics.median(whole), steps=steps,
                 threads=torch.get_num_threads())
 
@@ -171,11 +247,21 @@ def step_markdown(result: dict) -> List[str]:
     def s(v: Optional[float]) -> str:
         return '' if v is None else f'{v:.3f}'
 
-    lines = ['| part | forward (s) | backward (s) | total (s) | share |',
-             '|---|---:|---:|---:|---:|']
+    def ratio(seconds: float, floor: float) -> str:
+        return f'{seconds / floor:.2f}' if floor > 0 else ''
+
+    lines = ['| part | forward (s) | backward (s) | total (s) | share | floor (s) | / floor |',
+             '|---|---:|---:|---:|---:|---:|---:|']
     for part, e in result['parts'].items():
+        floor = result['floors'][part]['total']
         lines.append(f"| {part} | {s(e.get('fwd'))} | {s(e.get('bwd'))} | {e['total']:.3f} | "
-                     f"{100 * e['total'] / total:.0f} % |")
-    lines.append(f'| sum of the parts | | | {total:.3f} | |')
-    lines.append(f"| `model.train_step`, same run | | | {result['whole_step']:.3f} | |")
+                     f"{100 * e['total'] / total:.0f} % | {floor:.3f} | "
+                     f"{ratio(e['total'], floor)} |")
+    lines.append(f"| sum of the parts | | | {total:.3f} | | {result['floor_sum']:.3f} | "
+                 f"{ratio(total, result['floor_sum'])} |")
+    lines.append(f"| `model.train_step`, same run | | | {result['whole_step']:.3f} | | | |")
+    lines.append('')
+    lines.append(f"Floors: multiply-adds at {2 * result['gemm_rate'] / 1e9:.0f} GFLOP/s (float32 "
+                 f"GEMM at the backbone's MLP shape), bytes at {result['stream_rate'] / 1e9:.1f} "
+                 'GB/s (torch.add), both timed in this run.')
     return lines

@@ -26,6 +26,8 @@ def parse_args():
     parser.add_argument('--steps', type=int, default=3, help='timed steps of each kind')
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--threads', type=int, default=0, help='torch threads (0: torch default)')
+    parser.add_argument('--dtype', choices=['fp32', 'bf16'], default='fp32',
+                        help='float32, or bfloat16 autocast (CPUAmpOptimWrapper)')
     parser.add_argument('--json', metavar='FILE', help='also write the result to FILE')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries')
@@ -41,9 +43,10 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     result = profile_train_step(args.config, tuple(args.shape), args.batch_size,
-                                args.num_objects, args.steps, args.warmup, args.cfg_options)
+                                args.num_objects, args.steps, args.warmup, args.cfg_options,
+                                dtype=args.dtype)
     env = environment('cpu')
-    print(f"{args.config}, {args.shape[0]}x{args.shape[1]}, batch {args.batch_size}, "
+    print(f"{args.config}, {args.shape[0]}x{args.shape[1]}, batch {args.batch_size}, {args.dtype}, "
           f"{result['threads']} threads, median of {args.steps} steps; "
           + ', '.join(f'{k}: {v}' for k, v in env.items()))
     print('\n'.join(step_markdown(result)))

@@ -1,89 +1,103 @@
-"""FastestStepHook: the training step timed under each candidate precision and thread count, the
-fastest taken, and no trace of the probe in the run."""
+"""FastestStepHook: after a warm-up, training iterations cycle through the candidate precisions and
+thread counts, each timed; the run then trains in the fastest, keeps it through a resume and gives
+the thread count back at the end."""
 import pytest
 import torch
 from conftest import DEMO_DET
+from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import deepvit_mm.runtime.fastest_step as fastest_step
 from deepvit_mm.compat.torch import cpu_has_bfloat16
-from deepvit_mm.runtime import FastestStepHook, prepare_config
+from deepvit_mm.runtime import CPUAmpOptimWrapper, FastestStepHook, prepare_config
 
-ITERS = 3
+WARMUP = 2
 
 
-def _config(tmp_path, shapes, hook: bool):
-    cfg = prepare_config(DEMO_DET, work_dir=str(tmp_path), amp=True, cfg_options={
+def _config(work_dir, shapes, iters: int, threads, resume: bool = False):
+    cfg = prepare_config(DEMO_DET, work_dir=str(work_dir), amp=True,
+                         resume='auto' if resume else None, cfg_options={
         'train_dataloader.dataset.data_root': f'{shapes}/',
         'model.backbone.arch': 'nano_12_p16',
         'train_dataloader.batch_size': 1, 'train_dataloader.num_workers': 0,
         'train_dataloader.persistent_workers': False,
         'train_dataloader.dataset.pipeline.2.scale': (96, 64),
         'train_dataloader.dataset.pipeline.2.keep_ratio': False,
-        'model.train_cfg.rcnn.sampler.num': 32, 'train_cfg.max_iters': ITERS,
+        'model.train_cfg.rcnn.sampler.num': 32, 'train_cfg.max_iters': iters,
         'val_cfg': None, 'val_dataloader': None, 'val_evaluator': None,
         'param_scheduler.0.end': 1, 'param_scheduler.1.begin': 1,
-        'param_scheduler.1.end': ITERS, 'default_hooks.logger.interval': 1,
-        'default_hooks.checkpoint.interval': ITERS})
-    if hook:
-        threads = torch.get_num_threads()  # the suite's count: a test leaves it as it found it
-        cfg.custom_hooks.append(dict(type='FastestStepHook', threads=[threads], rounds=1))
+        'param_scheduler.1.end': iters, 'default_hooks.logger.interval': 1,
+        'default_hooks.checkpoint.interval': iters})
+    cfg.custom_hooks.append(dict(type='FastestStepHook', threads=threads, warmup=WARMUP,
+                                 rounds=1))
     return cfg
 
 
-def _train(cfg) -> Runner:
+class _Settings(Hook):
+    """Records the precision and threads each iteration trains with, and times the trial
+    iterations by a fake clock: the winner's iterations take 1 s, the others 2 s."""
+    priority = 'LOWEST'  # after FastestStepHook's before_train_iter
+
+    def __init__(self, winner):
+        self.winner, self.seen, self.now, self.wrapper = winner, [], 0.0, None
+
+    def before_train(self, runner):
+        self.wrapper = runner.optim_wrapper
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.seen.append(('bfloat16' if self.wrapper.autocast else 'float32',
+                          torch.get_num_threads()))
+
+    def perf_counter(self) -> float:
+        setting = ('bfloat16' if self.wrapper.autocast else 'float32', torch.get_num_threads())
+        self.now += 0.5 if setting == self.winner else 1.0  # called at the start and the end
+        return self.now
+
+
+def _train(cfg, spy) -> Runner:
     runner = Runner.from_cfg(cfg)
+    runner.register_hook(spy, priority='LOWEST')
     runner.train()
     return runner
 
 
-@pytest.mark.parametrize('winner', ['float32', 'bfloat16'])
-def test_the_fastest_setting_trains_as_if_there_were_no_probe(shapes, tmp_path, monkeypatch,
-                                                              winner):
-    """The probe really runs the step in every setting (forward, backward: BatchNorm statistics,
-    gradients, random draws of the RPN's and RoI sampler's), and the run that follows is
-    bit-identical to a run of the winning setting without the hook."""
-    if winner == 'bfloat16' and not cpu_has_bfloat16():
+@pytest.mark.parametrize('winner_precision', ['float32', 'bfloat16'])
+def test_the_trial_cycles_the_settings_then_trains_in_the_fastest(shapes, tmp_path, monkeypatch,
+                                                                  winner_precision):
+    if winner_precision == 'bfloat16' and not cpu_has_bfloat16():
         pytest.skip('bfloat16 is a candidate only on CPUs with native bfloat16')
-    timed = []
-    real = fastest_step._time_step
-
-    def time_step(model, data, precision, threads):
-        timed.append(precision)
-        real(model, data, precision, threads)
-        return 1.0 if precision == winner else 2.0
-    monkeypatch.setattr(fastest_step, '_time_step', time_step)
-    probed = _train(_config(tmp_path / 'probed', shapes, hook=True))
-    hook = next(h for h in probed.hooks if isinstance(h, FastestStepHook))
-    assert hook.chosen == (winner, torch.get_num_threads())
-    candidates = ['float32', 'bfloat16'] if cpu_has_bfloat16() else ['float32']
-    assert timed == candidates * 2  # one untimed round, one timed
-    assert probed.optim_wrapper.autocast == (winner == 'bfloat16')
-    plain_cfg = _config(tmp_path / 'plain', shapes, hook=False)
-    if winner == 'float32':  # a plain float32 run
-        plain_cfg.optim_wrapper.type = 'OptimWrapper'
-        plain_cfg.optim_wrapper.pop('dtype')
-    plain = _train(plain_cfg)
-    mine, theirs = probed.model.state_dict(), plain.model.state_dict()
-    assert mine.keys() == theirs.keys()
-    assert [k for k in mine if not torch.equal(mine[k], theirs[k])] == []
-    # the choice is kept in the checkpoint, and a resumed run goes on with it
-    ckpt = torch.load(tmp_path / 'probed' / f'iter_{ITERS}.pth', weights_only=False)
-    assert ckpt['meta']['fastest_step'] == [winner, torch.get_num_threads()]
-    resumed = FastestStepHook()
-    resumed.after_load_checkpoint(None, ckpt)
-    assert resumed.chosen == (winner, torch.get_num_threads())
+    threads = torch.get_num_threads()
+    counts = sorted({1, threads})
+    winner = (winner_precision, counts[0])  # the fewest threads: a switch the run must make
+    precisions = ['float32', 'bfloat16'] if cpu_has_bfloat16() else ['float32']
+    candidates = [(p, t) for p in precisions for t in counts]
+    iters = WARMUP + len(candidates) + 2
+    spy = _Settings(winner)
+    monkeypatch.setattr(fastest_step, 'time', spy)
+    runner = _train(_config(tmp_path, shapes, iters, counts), spy)
+    hook = next(h for h in runner.hooks if isinstance(h, FastestStepHook))
+    assert hook.chosen == winner
+    configured = ('bfloat16', threads)  # CPUAmpOptimWrapper's dtype, the process's threads
+    assert spy.seen == [configured] * WARMUP + candidates + [winner] * 2
+    assert torch.get_num_threads() == threads  # given back when training ends
+    ckpt = torch.load(tmp_path / f'iter_{iters}.pth', weights_only=False)
+    assert ckpt['meta']['fastest_step'] == list(winner)
+    # a resumed run trains in the saved setting at once: no second trial
+    more = _config(tmp_path, shapes, iters + 2, counts, resume=True)
+    spy2 = _Settings(('none', 0))
+    monkeypatch.setattr(fastest_step, 'time', spy2)
+    resumed = _train(more, spy2)
+    assert resumed.iter == iters + 2 and spy2.seen == [winner] * 2
 
 
 def test_bfloat16_is_no_candidate_without_native_support(monkeypatch):
-    from deepvit_mm.runtime import CPUAmpOptimWrapper
     wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD(torch.nn.Linear(2, 2).parameters(),
                                                            lr=0.1))
     monkeypatch.setattr(fastest_step, 'cpu_has_bfloat16', lambda: False)
-    assert FastestStepHook(threads=[1, 2])._candidates(wrapper) == [('float32', 1),
-                                                                    ('float32', 2)]
+    assert FastestStepHook(threads=[1, 2]).candidates(wrapper) == [('float32', 1),
+                                                                   ('float32', 2)]
     monkeypatch.setattr(fastest_step, 'cpu_has_bfloat16', lambda: True)
-    assert FastestStepHook(threads=[2])._candidates(wrapper) == [('float32', 2), ('bfloat16', 2)]
+    assert FastestStepHook(threads=[2]).candidates(wrapper) == [('float32', 2), ('bfloat16', 2)]
 
 
 def test_another_wrapper_is_left_as_it_is(monkeypatch):
@@ -93,9 +107,13 @@ def test_another_wrapper_is_left_as_it_is(monkeypatch):
     class Runner:
         optim_wrapper = object()
         model = torch.nn.Linear(2, 2)
-    threads = torch.get_num_threads()
-    FastestStepHook().before_train_iter(Runner(), 0, None)
-    assert torch.get_num_threads() == threads
+        iter = 0
+    hook, threads = FastestStepHook(), torch.get_num_threads()
+    hook.before_train(Runner())
+    hook.before_train_iter(Runner(), 0, None)
+    hook.after_train_iter(Runner(), 0, None)
+    hook.after_train(Runner())
+    assert torch.get_num_threads() == threads and hook.chosen is None
     assert len(said) == 1 and 'does not train on CPU with CPUAmpOptimWrapper' in said[0]
 
 
@@ -103,7 +121,8 @@ def test_another_wrapper_is_left_as_it_is(monkeypatch):
     (dict(precisions=('float16',)), "precisions must be among 'float32' and 'bfloat16'"),
     (dict(precisions=()), 'precisions must be among'),
     (dict(threads=[0]), 'threads must be positive integers'),
-    (dict(rounds=0), 'rounds must be a positive integer'),
+    (dict(rounds=0), 'rounds must be an integer >= 1'),
+    (dict(warmup=-1), 'warmup must be an integer >= 0'),
 ])
 def test_bad_arguments_say_what_to_pass(kwargs, match):
     with pytest.raises(ValueError, match=match):

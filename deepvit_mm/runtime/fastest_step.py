@@ -13,11 +13,9 @@ the lowest median, and the log gives every time and the choice.
 These are ordinary training iterations (nothing is run twice); only the precision of the few trial
 iterations differs from the rest. The choice is saved in the checkpoints and a resumed run keeps
 it; in a distributed run every process times its own iterations and all take the setting fastest
-for their sum. The thread count is set back when training ends.
-
-Measured on the detection demo (2-core AMD EPYC, AVX512-BF16): timing a separate forward and
-backward before the first iteration chose one thread (0.27 s against 0.29 s with two), but real
-iterations with one thread took 0.42 s against 0.35 s: the trial is the run itself.
+for their sum. The thread count is set back when training ends. Timing the run's own iterations,
+not a separate forward and backward, takes in everything a step costs (the optimizer, the data
+workers competing for the cores, the hooks).
 """
 import logging
 import statistics

@@ -4,7 +4,7 @@
 STACK ?= newest
 VENV := $(if $(filter torch2.1,$(STACK)),.venv-torch2.1,.venv)
 PY := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV)/bin/python,$(CURDIR)/$(VENV)/bin/python)
-DEMO_CFG := configs/demo/mask_rcnn_xcit_nano_12_p8_shapes.py
+DEMO_CFG := configs/demo/mask_rcnn_xcit_nano_12_p8_shapes_cpu.py
 DEMO_DIR := work_dirs/demo
 
 .PHONY: setup demo test lint

@@ -146,7 +146,8 @@ def test_config_uses_the_shared_runtime(path):
     """Hooks, checkpoint hook and weight-decay rules come from configs/_base_/default_runtime.py."""
     cfg = Config.fromfile(path)
     assert cfg.custom_imports == RUNTIME.custom_imports
-    assert cfg.custom_hooks == RUNTIME.custom_hooks
+    # the shared hooks first, in their order; a config may add its own after them
+    assert cfg.custom_hooks[:len(RUNTIME.custom_hooks)] == RUNTIME.custom_hooks
     assert dict(type='CheckConsumersHook') in cfg.custom_hooks  # the channels, before the run
     assert cfg.default_hooks.checkpoint.type == RUNTIME.checkpoint_hook.type
     keys = dict(RUNTIME.paramwise_cfg.custom_keys)

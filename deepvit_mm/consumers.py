@@ -22,9 +22,9 @@ recipe's ``custom_hooks``) before a Runner's run starts, and ``build_from_config
 from typing import List, Optional, Sequence
 
 import torch.nn as nn
-from mmengine.model import BaseTTAModel, is_model_wrapper
 
 from .backbones import ColumnarBackbone
+from .checkpoints import unwrap_model
 from .compat.torch import ConvBase
 from .pyramid import PAPER_STRIDES
 
@@ -48,8 +48,7 @@ def check_model(model: nn.Module) -> None:
     Raises:
         ChannelMismatchError: as ``check_consumers``.
     """
-    while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
-        model = model.module
+    model = unwrap_model(model)
     if isinstance(getattr(model, 'backbone', None), ColumnarBackbone):
         check_consumers(model)
 

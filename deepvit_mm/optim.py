@@ -47,7 +47,6 @@ __all__ = ['ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerCo
            'no_weight_decay_names', 'layer_ids']
 
 
-
 def no_weight_decay_names(model: nn.Module, biases: bool = True) -> Set[str]:
     """Names (as in ``model.named_parameters()``) of the parameters that should not decay.
 

@@ -20,7 +20,8 @@ from ..compat.mmengine import route_load_state_dict, source_of, tag_source
 from .matching import load_weights, weights_targets
 from .reading import is_readable_checkpoint, read_checkpoint
 
-__all__ = ['install_mmengine_loader', 'find_resumable_checkpoint']
+__all__ = ['install_mmengine_loader', 'find_resumable_checkpoint', 'unwrap_model']
+
 
 def _mmengine_read(filename: str, map_location=None) -> Mapping:
     obj = read_checkpoint(filename, map_location=map_location or 'cpu')
@@ -34,7 +35,9 @@ def _mmengine_read_url(filename: str, map_location=None, model_dir=None, **kwarg
     return _mmengine_read(filename, map_location)
 
 
-def _unwrap(module: nn.Module) -> nn.Module:
+def unwrap_model(module: nn.Module) -> nn.Module:
+    """The detector or segmentor inside mmengine's model wrappers (``MMDistributedDataParallel``,
+    ...) and test-time augmentation models (``BaseTTAModel``), as mmengine holds it."""
     from mmengine.model import BaseTTAModel, is_model_wrapper
     while is_model_wrapper(module) or isinstance(module, BaseTTAModel):
         module = module.module
@@ -43,7 +46,7 @@ def _unwrap(module: nn.Module) -> nn.Module:
 
 def _load_into_targets(module: nn.Module, state_dict: Mapping, strict: bool) -> bool:
     """``load_weights`` for a model holding a deepvit_mm backbone; False for any other model."""
-    model = _unwrap(module)
+    model = unwrap_model(module)
     if not weights_targets(model):
         return False
     load_weights(model, state_dict, source=source_of(state_dict) or 'checkpoint', strict=strict)

@@ -12,6 +12,6 @@ ranges and the tested stacks, ``deepvit_mm._deps`` checks them on import.
 - ``numpy``: the names pickled arrays and dtypes have under numpy 1 and 2;
 - ``mmengine``: ``deepvit_mm::`` config paths, checkpoints loaded through deepvit_mm's matcher
   (the one module-level function replaced), the source of a state dict, ``HistoryBuffer``'s
-  statistics;
+  statistics, ``AmpOptimWrapper``'s set-up without an accelerator;
 - ``mmcv``: mmcv's compiled ops in float32 under CPU autocast.
 """

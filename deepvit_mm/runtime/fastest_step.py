@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
+from ..checkpoints import unwrap_model
 from ..compat.torch import cpu_has_bfloat16
 from .amp import CPUAmpOptimWrapper
 
@@ -71,7 +71,8 @@ class FastestStepHook(Hook):
         self.threads = None if threads is None else tuple(threads)
         self.warmup, self.rounds = warmup, rounds
         self.chosen: Optional[Setting] = None
-        self._trial: List[Setting] = []  # the setting of each trial iteration, in order
+        self._first = 0  # the trial's first iteration
+        self._cycle: List[Setting] = []  # the setting of each trial iteration, in order
         self._times: Dict[Setting, List[float]] = {}
         self._start = 0.0
         self._threads_before = torch.get_num_threads()
@@ -90,7 +91,7 @@ class FastestStepHook(Hook):
     # ------------------------------------------------------------------ the trial
     def before_train(self, runner) -> None:
         wrapper = runner.optim_wrapper
-        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        model = unwrap_model(runner.model)
         if not (isinstance(wrapper, CPUAmpOptimWrapper)
                 and all(p.device.type == 'cpu' for p in model.parameters())):
             print_log('FastestStepHook: the run does not train on CPU with CPUAmpOptimWrapper; '
@@ -106,24 +107,30 @@ class FastestStepHook(Hook):
         if len(candidates) == 1:
             self._choose(wrapper, candidates, [0.0])
             return
-        start = runner.iter + self.warmup
-        self._trial = [None] * start + candidates * self.rounds
+        self._first = runner.iter + self.warmup
+        self._cycle = candidates * self.rounds
         self._times = {c: [] for c in candidates}
 
+    def _trial_setting(self, runner) -> Optional[Setting]:
+        """The setting this iteration tries, or None outside the trial (mmengine counts the
+        iteration after its ``after_train_iter`` hooks, so both hooks see the same index)."""
+        k = runner.iter - self._first
+        if self._active and self.chosen is None and 0 <= k < len(self._cycle):
+            return self._cycle[k]
+        return None
+
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        i = runner.iter
-        if self._active and self.chosen is None and self._trial[i] is not None:
-            self._apply(runner.optim_wrapper, self._trial[i])
+        setting = self._trial_setting(runner)
+        if setting is not None:
+            self._apply(runner.optim_wrapper, setting)
             self._start = time.perf_counter()
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        i = runner.iter  # mmengine counts the iteration after its after_train_iter hooks
-        if not (self._active and self.chosen is None and 0 <= i < len(self._trial)):
+        setting = self._trial_setting(runner)
+        if setting is None:
             return
-        setting = self._trial[i]
-        if setting is not None:
-            self._times[setting].append(time.perf_counter() - self._start)
-        if i == len(self._trial) - 1:
+        self._times[setting].append(time.perf_counter() - self._start)
+        if runner.iter - self._first == len(self._cycle) - 1:
             candidates = list(self._times)
             self._choose(runner.optim_wrapper, candidates,
                          [statistics.median(self._times[c]) for c in candidates])

@@ -14,11 +14,11 @@ Parts: ``data`` (the data preprocessor), ``backbone``, ``neck``, then a detector
 Each part is also held against its floor, in float32: one more split step runs under
 ``torch.profiler`` (``breakdown.profiled_work``) and torch's ``FlopCounterMode``, which count each
 part's multiply-adds (matrix products and convolutions, backward included) and the bytes its
-memory-bound operators read and write; the floor is
-the multiply-adds at this machine's GEMM rate plus the bytes at its streaming rate, both timed in
-the same run (a float32 product of the backbone's token map with a 4x wider weight, as its MLP
-does, and ``torch.add`` over a map of that size). Smaller products (the heads') run below that
-rate, so the floor is a lower bound, not a target.
+memory-bound operators read and write; the floor is the multiply-adds at this machine's GEMM rate
+plus the bytes at its streaming rate, both timed in the same run (a float32 product of the
+backbone's token map with a 4x wider weight, as its MLP does, and ``torch.add`` over a map of that
+size). Smaller products (the heads') run below that rate, so the floor is a lower bound, not a
+target.
 """
 import copy
 import statistics
@@ -30,6 +30,7 @@ import torch.nn as nn
 
 from .batches import synthetic_data
 from .breakdown import profiled_work
+from .measure import interleaved
 from .models import build_from_config, load_config, num_classes_of
 
 __all__ = ['profile_train_step', 'split_backward', 'step_markdown']
@@ -81,25 +82,17 @@ class _WorkClock(_Clock):
 
 def _rates(model: nn.Module, inputs: torch.Tensor, repeats: int = 5) -> Tuple[float, float]:
     """This machine's float32 GEMM rate (multiply-adds/s) at the backbone's MLP shape and its
-    streaming rate (bytes/s) over a map of that size."""
+    streaming rate (bytes/s) over a map of that size, timed interleaved (median of ``repeats``)."""
     backbone = model.backbone
     c, p = backbone.embed_dim, backbone.patch_size
     tokens = inputs.shape[0] * -(-inputs.shape[-2] // p) * -(-inputs.shape[-1] // p)
     a, w = torch.randn(tokens, c), torch.randn(c, 4 * c)
     x, y = torch.randn(tokens, 4 * c), torch.randn(tokens, 4 * c)
     out, mm_out = torch.empty_like(x), torch.empty(tokens, 4 * c)
-
-    def best(fn) -> float:
-        fn()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-    gemm = tokens * c * 4 * c / best(lambda: torch.mm(a, w, out=mm_out))
-    stream = 3 * x.numel() * 4 / best(lambda: torch.add(x, y, out=out))
-    return gemm, stream
+    times = interleaved(dict(gemm=lambda: torch.mm(a, w, out=mm_out),
+                             stream=lambda: torch.add(x, y, out=out)), 'cpu', 1, repeats)
+    return (tokens * c * 4 * c / statistics.median(times['gemm']),
+            3 * x.numel() * 4 / statistics.median(times['stream']))
 
 
 def _loss(model: nn.Module, losses: dict) -> torch.Tensor:
@@ -156,11 +149,13 @@ def split_backward(model: nn.Module, data: dict, task: str,
     return clock.times
 
 
-def _split_step(model, data, optim_wrapper, task: str) -> Dict[Tuple[str, str], float]:
-    clock = _Clock()
+def _split_step(model, data, optim_wrapper, task: str, clock: Optional[_Clock] = None) -> _Clock:
+    """A whole training step a part at a time (``split_backward``, then the optimizer), through
+    ``clock`` (default: a timing ``_Clock``)."""
+    clock = clock or _Clock()
     split_backward(model, data, task, clock)
     clock('optimizer', '', lambda: (optim_wrapper.step(), optim_wrapper.zero_grad()))
-    return clock.times
+    return clock
 
 
 def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_size: int = 1,
@@ -194,24 +189,24 @@ def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_s
     from mmengine.optim import build_optim_wrapper
     if dtype not in ('fp32', 'bf16'):
         raise ValueError(f"dtype {dtype!r}: use 'fp32' or 'bf16'")
+    bf16 = dtype == 'bf16'
     cfg = load_config(config, cfg_options)
     cfg.optim_wrapper.pop('dtype', None)
     cfg.optim_wrapper.pop('loss_scale', None)
-    cfg.optim_wrapper.type = 'CPUAmpOptimWrapper' if dtype == 'bf16' else 'OptimWrapper'
-    if dtype == 'bf16':
+    cfg.optim_wrapper.type = 'CPUAmpOptimWrapper' if bf16 else 'OptimWrapper'
+    if bf16:
         cfg.optim_wrapper.dtype = 'bfloat16'
     torch.manual_seed(seed)
     model, task = build_from_config(cfg)
     model.train()
     optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
-    bf16 = dtype == 'bf16'
     data = synthetic_data(task, tuple(size), batch_size, num_classes_of(model, task),
                           num_objects, seed)
     split: List[Dict[Tuple[str, str], float]] = []
     whole: List[float] = []
     for i in range(warmup + steps):
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16):
-            times = _split_step(model, data, optim_wrapper, task)
+            times = _split_step(model, data, optim_wrapper, task).times
         t0 = time.perf_counter()
         model.train_step(data, optim_wrapper)
         if i >= warmup:
@@ -219,9 +214,8 @@ def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_s
             whole.append(time.perf_counter() - t0)
     keys = list(split[0])
     med = {k: statistics.median(t.get(k, 0.0) for t in split) for k in keys}
-    clock = _WorkClock()  # the floors: one more split step, profiled (float32)
-    split_backward(model, data, task, clock)
-    clock('optimizer', '', lambda: (optim_wrapper.step(), optim_wrapper.zero_grad()))
+    # the floors: one more split step, profiled (float32)
+    clock = _split_step(model, data, optim_wrapper, task, _WorkClock())
     gemm_rate, stream_rate = _rates(model, model.data_preprocessor(data, True)['inputs'])
     parts: Dict[str, Dict[str, float]] = {}
     floors: Dict[str, Dict[str, float]] = {}

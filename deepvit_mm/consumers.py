@@ -53,19 +53,18 @@ def check_model(model: nn.Module) -> None:
         check_consumers(model)
 
 
-def check_consumers(model: nn.Module, backbone: Optional[nn.Module] = None) -> None:
+def check_consumers(model: nn.Module) -> None:
     """Raise ``ChannelMismatchError`` when the model's neck or heads do not fit its backbone.
 
     Args:
-        model (nn.Module): A built detector or segmentor.
-        backbone (nn.Module, optional): The backbone whose levels are compared (it has
-            ``out_channels``, ``out_strides`` and ``arch``). Default: ``model.backbone``.
+        model (nn.Module): A built detector or segmentor; its ``backbone`` has ``out_channels``,
+            ``out_strides`` and ``arch``.
 
     Raises:
         ChannelMismatchError: naming each mismatched module, what it was built for, and the
             config keys that fix it.
     """
-    backbone = model.backbone if backbone is None else backbone
+    backbone = model.backbone
     channels, strides = list(backbone.out_channels), tuple(backbone.out_strides)
     problems = consumer_problems(model, channels, strides)
     if not problems:

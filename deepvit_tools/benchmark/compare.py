@@ -18,6 +18,7 @@ from .baselines import BASELINES
 from .batches import backbone_input
 from .measure import (
     COMPARE_MODES,
+    DTYPES,
     Case,
     autocast_for,
     interleaved,
@@ -44,7 +45,7 @@ def _no_tf32():
 
 def _err_key(name: str, dtype: str) -> str:
     prefix = '' if name == 'timm' else f'{name}_'  # 'max_rel_err' stays timm's (older reports)
-    return f'{prefix}{"bf16_" if dtype == "bf16" else ""}max_rel_err'
+    return f'{prefix}{"" if dtype == "fp32" else dtype + "_"}max_rel_err'
 
 
 def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu',
@@ -74,8 +75,8 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
 
     Returns:
         dict: the settings; ``max_rel_err`` (fp32 eval outputs, ours vs timm, see
-        ``max_rel_err``) and ``bf16_max_rel_err`` (when a bf16 mode is timed), for each baseline
-        whose outputs must equal ours; and for each mode, keyed ``{pass}_{dtype}``: ``ours_ms``
+        ``max_rel_err``) and ``bf16_max_rel_err`` / ``fp16_max_rel_err`` (when such a mode is
+        timed), for each baseline whose outputs must equal ours; and for each mode, keyed ``{pass}_{dtype}``: ``ours_ms``
         and ``{name}_ms`` (medians), ``ratio`` (ours / timm) and ``ratio_{name}`` (ours / any
         other baseline), ``{impl}_mem_mib`` when ``memory`` (ours and the baselines whose
         outputs equal ours).
@@ -103,8 +104,8 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
         # the check is of the math: TF32 convs/matmuls (cuDNN's default on recent GPUs) would turn
         # float32 rounding differences into ~1e-4 TF32 rounding flips in the adapter's convs
         with torch.no_grad(), _no_tf32():
-            for dtype in ('fp32', 'bf16'):
-                if dtype == 'bf16' and not any(d == 'bf16' for _, d in modes):
+            for dtype in DTYPES:
+                if dtype != 'fp32' and not any(d == dtype for _, d in modes):
                     continue
                 with autocast_for(device, dtype):
                     ref = ours(x)

@@ -13,8 +13,9 @@ Per ``Case`` (model, input size, dtype, pass) ``measure`` reports:
 Passes: ``fwd`` is an eval-mode forward without autograd (inference); ``train`` a train-mode
 forward and backward of a scalar loss (for a backbone the sum of its outputs' means, for a
 config's model its losses on a synthetic batch), gradients freed between calls, no optimizer
-step. Dtypes: ``fp32``; ``bf16`` wraps the forward in ``torch.autocast(device, torch.bfloat16)``,
-the backward runs outside it.
+step. Dtypes: ``fp32``; ``bf16`` (``fp16``) wraps the forward in ``torch.autocast(device,
+torch.bfloat16)`` (``torch.float16``), the backward runs outside it; the timed backward of ``fp16``
+is unscaled (a loss scale multiplies one tensor: no time).
 
 Comparisons against baselines are in ``compare``; whole runs of a config (a training step, an
 evaluation) in ``config_runs``.
@@ -28,6 +29,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
+
+from deepvit_mm.compat.torch import cpu_float16_training_problem
 
 from .baselines import BASELINES
 from .batches import backbone_input, synthetic_batch
@@ -45,8 +48,9 @@ __all__ = ['PASSES', 'DTYPES', 'COMPARE_MODES', 'Case', 'parse_size', 'autocast_
            'time_calls', 'torch_threads', 'measure', 'measure_isolated']
 
 PASSES = ('fwd', 'train')
-DTYPES = ('fp32', 'bf16')
-COMPARE_MODES = (('fwd', 'fp32'), ('fwd', 'bf16'), ('train', 'fp32'), ('train', 'bf16'))
+DTYPES = ('fp32', 'bf16', 'fp16')
+AUTOCAST_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
+COMPARE_MODES = tuple((mode, dtype) for mode in PASSES for dtype in DTYPES)
 
 
 # --------------------------------------------------------------------------------------------
@@ -61,7 +65,7 @@ class Case:
             config file path.
         size (tuple[int, int]): Input ``(H, W)``.
         batch (int): Images per call. Default: 1.
-        dtype (str): ``fp32`` or ``bf16``. Default: ``fp32``.
+        dtype (str): ``fp32``, ``bf16`` or ``fp16``. Default: ``fp32``.
         mode (str): ``fwd`` (inference) or ``train`` (forward + backward). Default: ``fwd``.
         device (str): ``cpu`` or ``cuda``. Default: ``cpu``.
         threads (int): ``torch.set_num_threads``; 0 leaves torch's default. Default: 0.
@@ -132,9 +136,14 @@ def _scalar(out) -> torch.Tensor:
 
 
 def autocast_for(device: str, dtype: str):
-    """``torch.autocast`` to bfloat16 on ``device`` for ``dtype='bf16'``, else no context."""
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == 'bf16' \
-        else nullcontext()
+    """``torch.autocast`` on ``device`` to bfloat16 for ``dtype='bf16'``, to float16 for
+    ``'fp16'``; no context for ``'fp32'``."""
+    if dtype == 'fp32':
+        return nullcontext()
+    kind = torch.device(device).type
+    if dtype == 'fp16' and kind == 'cpu' and cpu_float16_training_problem():
+        raise ValueError(f'fp16 on CPU: {cpu_float16_training_problem()}')
+    return torch.autocast(kind, dtype=AUTOCAST_DTYPES[dtype])
 
 
 def pass_runner(model: nn.Module, forward: Callable[[], object], mode: str, device: str,

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from .measure import COMPARE_MODES
+from .measure import COMPARE_MODES, DTYPES
 
 __all__ = ['environment', 'fmt', 'size_str', 'markdown_table', 'benchmark_markdown',
            'write_report', 'ROW_FIELDS',
@@ -25,7 +25,8 @@ ROW_FIELDS = ['label', 'model', 'size', 'batch', 'dtype', 'mode', 'impl', 'devic
               'peak_mem_mib', 'mem_method', 'first_call_ms', 'error']
 # compare.csv's columns before the ones of baselines other than timm (ratio_floor, ...)
 COMPARE_FIELDS = ['label', 'size', 'batch', 'pass', 'ours_ms', 'timm_ms', 'ratio', 'ours_mem_mib',
-                  'timm_mem_mib', 'max_rel_err_fp32', 'max_rel_err_bf16']
+                  'timm_mem_mib', 'max_rel_err_fp32', 'max_rel_err_bf16',
+                  'max_rel_err_fp16']
 
 
 def environment(device: str) -> Dict[str, str]:
@@ -65,8 +66,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> List
             + ['| ' + ' | '.join(str(c) for c in r) + ' |' for r in rows])
 
 
-def _compare_keys() -> List[str]:
-    return [f'{mode}_{dtype}' for mode, dtype in COMPARE_MODES]
+def _compare_keys(comparisons: List[dict]) -> List[str]:
+    """The ``{pass}_{dtype}`` modes that some comparison timed, in ``COMPARE_MODES``' order."""
+    keys = [f'{mode}_{dtype}' for mode, dtype in COMPARE_MODES]
+    return [k for k in keys if any(k in c for c in comparisons)]
 
 
 def _other_baselines(comparisons: List[dict]) -> List[str]:
@@ -90,7 +93,7 @@ def _measurement_rows(rows: List[dict]) -> List[str]:
                             'min ms', 'throughput img/s', 'CPU ms', 'peak mem MiB',
                             'first call ms'], body)
     methods = sorted({r['mem_method'] for r in rows if r.get('mem_method')})
-    return lines + ['', 'fwd: inference (eval, no autograd); train: forward + backward. bf16: '
+    return lines + ['', 'fwd: inference (eval, no autograd); train: forward + backward. bf16, fp16: '
                     'autocast. CPU ms: CPU time of the process per call, all threads summed. Peak '
                     'memory: ' + '; '.join(methods) + ' (growth over the built model and its '
                     'input).', '']
@@ -98,18 +101,21 @@ def _measurement_rows(rows: List[dict]) -> List[str]:
 
 def _comparison_rows(comparisons: List[dict]) -> List[str]:
     others = _other_baselines(comparisons)
-    names = [k.replace('_', ' ') for k in _compare_keys()]
+    keys = _compare_keys(comparisons)
+    names = [k.replace('_', ' ') for k in keys]
+    err_dtypes = [d for d in DTYPES[1:] if any(f'{d}_max_rel_err' in c for c in comparisons)]
     header = ['model', 'input', 'batch']
     for n in names:
         header += [f'{n} ours / timm ms', 'ratio'] + [f'{n} {b} ms' for b in others] \
             + [f'ours / {b}' for b in others]
-    header += [f'peak mem ours / timm MiB ({", ".join(names)})', 'max rel err fp32 (bf16)']
+    header += [f'peak mem ours / timm MiB ({", ".join(names)})',
+               'max rel err fp32' + (f' ({", ".join(err_dtypes)})' if err_dtypes else '')]
     body = []
     for c in comparisons:
         cells, mems = [c['label'], size_str(c['size']), c['batch']], []
-        for key in _compare_keys():
+        for key in keys:
             v = c.get(key)
-            if v is None:  # not timed in this run
+            if v is None:  # not timed for this one
                 cells += ['–'] * (2 + 2 * len(others))
                 mems.append('–')
                 continue
@@ -119,8 +125,9 @@ def _comparison_rows(comparisons: List[dict]) -> List[str]:
             cells += [f'{v[f"ratio_{b}"]:.3f}' if f'ratio_{b}' in v else '–' for b in others]
             mems.append(f'{fmt(v.get("ours_mem_mib"), 0)} / {fmt(v.get("timm_mem_mib"), 0)}')
         err = f'{c["max_rel_err"]:.2e}' if 'max_rel_err' in c else '–'
-        bf16_err = f'{c["bf16_max_rel_err"]:.2e}' if 'bf16_max_rel_err' in c else '–'
-        body.append(cells + ['; '.join(mems), f'{err} ({bf16_err})'])
+        errs = [f'{c[f"{d}_max_rel_err"]:.2e}' if f'{d}_max_rel_err' in c else '–'
+                for d in err_dtypes]
+        body.append(cells + ['; '.join(mems), err + (f' ({", ".join(errs)})' if errs else '')])
     note = ('ratio = ours / timm (median latencies, interleaved in one process); '
             'max rel err = max over levels of max|ours - timm| / max|timm|.')
     if others:
@@ -182,13 +189,14 @@ def _compare_csv(comparisons: List[dict], path: str) -> None:
         w = csv.writer(f)
         w.writerow(COMPARE_FIELDS + [c for b in others for c in (f'{b}_ms', f'ratio_{b}')])
         for c in comparisons:
-            for key in _compare_keys():
+            for key in _compare_keys(comparisons):
                 v = c.get(key)
                 if v is not None:
                     w.writerow([c['label'], size_str(c['size']), c['batch'], key,
                                 v.get('ours_ms'), v.get('timm_ms'), v.get('ratio'),
                                 v.get('ours_mem_mib'), v.get('timm_mem_mib'),
-                                c.get('max_rel_err'), c.get('bf16_max_rel_err')]
+                                c.get('max_rel_err'), c.get('bf16_max_rel_err'),
+                                c.get('fp16_max_rel_err')]
                                + [v.get(k) for b in others for k in (f'{b}_ms', f'ratio_{b}')])
 
 

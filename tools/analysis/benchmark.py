@@ -21,7 +21,7 @@ first call gives the peak memory: on CPU the peak resident set minus the residen
 call (Linux: kernel high-water mark reset just before it), on CUDA torch.cuda.max_memory_allocated
 minus the memory allocated before it.
 'fwd' = inference (eval, no autograd), 'train' = forward + backward (no optimizer step);
-'bf16' = torch.autocast(bfloat16) on CPU or CUDA. Also reported: the first (cold) call's time and
+'bf16' ('fp16') = torch.autocast(bfloat16 (float16)) on CPU or CUDA. Also reported: the first (cold) call's time and
 the CPU time of the process per call. On a shared machine, note the load average the report
 records: other processes slow every wall-clock number down; with --threads 1 the CPU time stays
 close to what an idle core takes (with more threads it also counts threads spinning while they
@@ -53,8 +53,9 @@ def parse_args(argv=None):
     p.add_argument('--sizes', nargs='+', metavar='SIZE',
                    help='input sizes, N (square) or HxW (default: 512 1024; --quick: 64 96x128)')
     p.add_argument('--batch', type=int, default=1, help='images per call (default: 1)')
-    p.add_argument('--dtypes', nargs='+', choices=['fp32', 'bf16'], default=['fp32', 'bf16'],
-                   help='fp32 and/or bf16 autocast (default: both)')
+    p.add_argument('--dtypes', nargs='+', choices=['fp32', 'bf16', 'fp16'],
+                   default=['fp32', 'bf16'],
+                   help='fp32, bf16 and/or fp16 autocast (default: fp32 bf16)')
     p.add_argument('--passes', nargs='+', choices=['fwd', 'train'], default=['fwd', 'train'],
                    help="'fwd' inference and/or 'train' forward + backward (default: both)")
     p.add_argument('--device', default='auto', choices=['auto', 'cpu', 'cuda'],

@@ -13,7 +13,10 @@ parameters but rewrites three parts, each exactly equal in real arithmetic:
   ``out = x (Wp blockdiag(A) Wv)^T + Wp blockdiag(A) bv + bp``.
   So q, k and v are never materialised: one (N x C) x (C x C) GEMM builds ``G``, one applies the
   folded map, and the rest is C x C work. That is 2NC^2 multiply-adds instead of 4NC^2 plus the
-  permute copies, normalisations and batched products of the token-space formulation.
+  permute copies, normalisations and batched products of the token-space formulation. The
+  attention is invariant to scaling ``[[G, s], [s^T, N]]`` (q and k are l2-normalised), so ``G`` is
+  formed as a mean, ``y^T y / N`` (the GEMM's ``alpha``): in float16 a sum over N tokens overflows
+  (65504) from a few thousand tokens on.
 * **Local patch interaction on contiguous NCHW maps** (training). timm's LPI hands its depthwise
   convs a channels-last *view* of the tokens; on CPU, forward + backward of the LPI is faster on a
   contiguous NCHW copy (2-core VM, freed memory kept as ``tools/train.py`` does: 80 vs 97 ms at
@@ -40,8 +43,8 @@ from ...compat.timm import drop_path_of
 from ...compat.torch import autocast_dtype, autocast_enabled
 from ...tracing import capturing_for_other_sizes
 
-__all__ = ['fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward', 'xca_block_inference',
-           'xca_block_forward_auto', 'fast_path_helps', 'has_linear_qkv', 'default_chunk']
+__all__ = ['token_gram', 'fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward',
+           'xca_block_inference', 'xca_block_forward_auto', 'fast_path_helps', 'has_linear_qkv', 'default_chunk']
 
 
 def has_linear_qkv(attn: nn.Module) -> bool:
@@ -59,7 +62,13 @@ def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
     return autocast_dtype(dev) if autocast_enabled(dev) else x.dtype
 
 
-def fold_xca(attn: nn.Module, gram: torch.Tensor, tok_sum: Optional[torch.Tensor], n: int,
+def token_gram(y: torch.Tensor, n: int) -> torch.Tensor:
+    """``y^T y / n`` of tokens ``y`` ``(B, N', C)`` as one GEMM (the scale is its ``alpha``,
+    applied to the float32 accumulator), in the GEMM's dtype (autocast's)."""
+    return torch.baddbmm(y.new_zeros(()), y.transpose(1, 2), y, beta=0, alpha=1.0 / n)
+
+
+def fold_xca(attn: nn.Module, gram: torch.Tensor, tok_sum: Optional[torch.Tensor], n: float,
              gamma: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """timm's ``XCA`` (times LayerScale ``gamma``) as one linear map per image, from ``y^T y``.
 
@@ -68,12 +77,17 @@ def fold_xca(attn: nn.Module, gram: torch.Tensor, tok_sum: Optional[torch.Tensor
     bias-free algebra one column wider (and about 20 tensor ops per block, few enough that the
     per-op overhead stays small on GPUs and on small inputs).
 
+    The attention depends on ``[[G, s], [s^T, n]]`` only up to a positive factor, so ``gram``,
+    ``tok_sum`` and ``n`` may all be divided by the number of tokens (what the callers pass: the
+    means ``token_gram`` gives, and 1).
+
     Args:
         attn (nn.Module): A timm ``XCA`` with a linear ``qkv``.
-        gram (Tensor): ``y^T y`` of the image's tokens ``y``, ``(B, C, C)``.
-        tok_sum (Tensor, optional): ``y^T 1``, ``(B, C)``; needed (and only read) when ``qkv``
-            has a bias.
-        n (int): Number of tokens.
+        gram (Tensor): ``y^T y`` of the image's tokens ``y``, ``(B, C, C)``, or a positive
+            multiple of it.
+        tok_sum (Tensor, optional): ``y^T 1``, ``(B, C)``, times the same factor; needed (and
+            only read) when ``qkv`` has a bias.
+        n (float): Number of tokens, times the same factor.
         gamma (Tensor, optional): LayerScale to fold into the output projection.
 
     Returns:
@@ -126,8 +140,9 @@ def xca_from_gram(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     Returns:
         Tensor: ``(B, N, C)``, equal to ``attn(x)``.
     """
-    tok_sum = x.sum(1) if attn.qkv.bias is not None else None
-    weight, bias = fold_xca(attn, x.transpose(1, 2) @ x, tok_sum, x.shape[1])
+    n = x.shape[1]
+    tok_mean = x.mean(1) if attn.qkv.bias is not None else None
+    weight, bias = fold_xca(attn, token_gram(x, n), tok_mean, 1.0)
     dtype = _matmul_dtype(x)
     out = torch.baddbmm(bias.to(dtype).unsqueeze(1), x.to(dtype), weight.to(dtype).transpose(1, 2))
     return attn.proj_drop(out)
@@ -277,15 +292,15 @@ def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
         # attention: pass 1 accumulates y^T y (and the token sum), pass 2 applies the folded map
         for g in groups:
             gram = tok_sum = None
-            for s in steps:
+            for s in steps:  # means over all N tokens (float16 sums would overflow)
                 y = blk.norm1(x[g, s].to(out.dtype)).to(mm_dtype)
-                part = (y.transpose(1, 2) @ y).float()
+                part = token_gram(y, N).float()
                 gram = part if gram is None else gram + part
                 if with_sum:
-                    part = y.sum(1, dtype=torch.float32)
+                    part = y.sum(1, dtype=torch.float32) / N
                     tok_sum = part if tok_sum is None else tok_sum + part
             del y, part  # (whole: an N x C tensor) not kept through the rest of the block
-            fused, fbias = fold_xca(attn, gram, tok_sum, N, gamma=blk.gamma1)
+            fused, fbias = fold_xca(attn, gram, tok_sum, 1.0, gamma=blk.gamma1)
             fused_t, fbias = fused.transpose(1, 2).to(mm_dtype), fbias.unsqueeze(1).to(mm_dtype)
             # norm1 again rather than keeping its output: recomputing a chunk's LayerNorm in cache
             # is cheaper than writing and re-reading an N x C tensor

@@ -76,10 +76,10 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
     Returns:
         dict: the settings; ``max_rel_err`` (fp32 eval outputs, ours vs timm, see
         ``max_rel_err``) and ``bf16_max_rel_err`` / ``fp16_max_rel_err`` (when such a mode is
-        timed), for each baseline whose outputs must equal ours; and for each mode, keyed ``{pass}_{dtype}``: ``ours_ms``
-        and ``{name}_ms`` (medians), ``ratio`` (ours / timm) and ``ratio_{name}`` (ours / any
-        other baseline), ``{impl}_mem_mib`` when ``memory`` (ours and the baselines whose
-        outputs equal ours).
+        timed), for each baseline whose outputs must equal ours; and for each mode, keyed
+        ``{pass}_{dtype}``: ``ours_ms`` and ``{name}_ms`` (medians), ``ratio`` (ours / timm) and
+        ``ratio_{name}`` (ours / any other baseline), ``{impl}_mem_mib`` when ``memory`` (ours and
+        the baselines whose outputs equal ours).
     """
     backbone_kwargs = dict(backbone_kwargs or {})
     device = str(device)

@@ -21,11 +21,11 @@ first call gives the peak memory: on CPU the peak resident set minus the residen
 call (Linux: kernel high-water mark reset just before it), on CUDA torch.cuda.max_memory_allocated
 minus the memory allocated before it.
 'fwd' = inference (eval, no autograd), 'train' = forward + backward (no optimizer step);
-'bf16' ('fp16') = torch.autocast(bfloat16 (float16)) on CPU or CUDA. Also reported: the first (cold) call's time and
-the CPU time of the process per call. On a shared machine, note the load average the report
-records: other processes slow every wall-clock number down; with --threads 1 the CPU time stays
-close to what an idle core takes (with more threads it also counts threads spinning while they
-wait for each other).
+'bf16' ('fp16') = torch.autocast(bfloat16 (float16)) on CPU or CUDA. Also reported: the first
+(cold) call's time and the CPU time of the process per call. On a shared machine, note the load
+average the report records: other processes slow every wall-clock number down; with --threads 1
+the CPU time stays close to what an idle core takes (with more threads it also counts threads
+spinning while they wait for each other).
 """
 import argparse
 import functools

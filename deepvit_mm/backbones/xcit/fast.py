@@ -44,7 +44,8 @@ from ...compat.torch import autocast_dtype, autocast_enabled
 from ...tracing import capturing_for_other_sizes
 
 __all__ = ['token_gram', 'fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward',
-           'xca_block_inference', 'xca_block_forward_auto', 'fast_path_helps', 'has_linear_qkv', 'default_chunk']
+           'xca_block_inference', 'xca_block_forward_auto', 'fast_path_helps', 'has_linear_qkv',
+           'default_chunk']
 
 
 def has_linear_qkv(attn: nn.Module) -> bool:

@@ -30,8 +30,34 @@ def _free_port() -> int:
 
 
 
-def test_two_cpu_processes_end_with_identical_weights(shapes, tmp_path):
-    iters = 4
+ITERS = 4
+FAKE_SRUN = """#!/usr/bin/env bash
+# stand-in srun: starts --ntasks copies of the command with the task environment Slurm gives them
+# (one task a node here: --ntasks-per-node=1)
+n=1
+while [ $# -gt 0 ]; do
+  case "$1" in --ntasks=*) n=${1#*=} ;; -p) shift ;; -*) ;; *) break ;; esac
+  shift
+done
+pids=()
+for ((i = 0; i < n; i++)); do
+  SLURM_PROCID=$i SLURM_NTASKS=$n SLURM_LOCALID=0 SLURM_NODELIST="node[0-$((n - 1))]" "$@" &
+  pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+exit $rc
+"""
+# what the cluster's scontrol answers for the first node of SLURM_NODELIST
+FAKE_SCONTROL = '#!/usr/bin/env bash\necho 127.0.0.1\necho 127.0.0.2\n'
+
+
+def _dist_train(shapes, tmp_path, launch: str) -> tuple:
+    """The demo detector trained for ITERS steps on 2 CPU processes, launched as ``launch``
+    says: ``torchrun`` (1 node x 2, tools/dist_train.sh), ``nodes`` (2 nodes x 1: two torchrun
+    launches meeting at a c10d rendezvous on the loopback address) or ``slurm``
+    (tools/slurm_train.sh through a stand-in srun: 2 tasks on 2 "nodes", mmengine's slurm
+    launcher). Returns the work dir and the log."""
     cfg = tmp_path / 'dist_cfg.py'
     cfg.write_text(textwrap.dedent(f"""
         _base_ = {CFG!r}
@@ -42,23 +68,53 @@ def test_two_cpu_processes_end_with_identical_weights(shapes, tmp_path):
                                    norm_cfg=dict(type='SyncBN', requires_grad=True)))
         """))
     work = tmp_path / 'work'
-    env = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='1', PORT=str(_free_port()),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', ''),
+    tools = os.path.join(ROOT, 'tools')
+    for name, text in (('srun', FAKE_SRUN), ('scontrol', FAKE_SCONTROL)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    port = str(_free_port())
+    env = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='1', PORT=port,
+               PATH=os.pathsep.join([str(tmp_path), os.path.dirname(sys.executable),
+                                     os.environ.get('PATH', '')]),
                PYTHONPATH=os.pathsep.join([os.path.join(ROOT, 'tests'), ROOT]))
-    cmd = ['bash', os.path.join(ROOT, 'tools', 'dist_train.sh'), str(cfg), '2', '--work-dir',
-           str(work), '--cfg-options', f'train_dataloader.dataset.data_root={shapes}/',
-           'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
-           'train_dataloader.persistent_workers=False', f'train_cfg.max_iters={iters}',
-           'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
-           'param_scheduler.0.end=2', 'param_scheduler.1.begin=2', f'param_scheduler.1.end={iters}',
-           'default_hooks.logger.interval=1', f'default_hooks.checkpoint.interval={iters}']
-    t0 = time.time()
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    wall = time.time() - t0
-    log = out.stdout + out.stderr
-    assert out.returncode == 0, log[-5000:]
-    print(f'2-process training: {wall:.1f} s')
+    for k in [k for k in env if k.startswith('SLURM_') or k in ('MASTER_ADDR', 'MASTER_PORT')]:
+        del env[k]
+    options = ['--cfg-options', f'train_dataloader.dataset.data_root={shapes}/',
+               'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
+               'train_dataloader.persistent_workers=False', f'train_cfg.max_iters={ITERS}',
+               'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
+               'param_scheduler.0.end=2', 'param_scheduler.1.begin=2',
+               f'param_scheduler.1.end={ITERS}', 'default_hooks.logger.interval=1',
+               f'default_hooks.checkpoint.interval={ITERS}']
+    if launch == 'torchrun':
+        cmds = [['bash', os.path.join(tools, 'dist_train.sh'), str(cfg), '2', '--work-dir',
+                 str(work)] + options]
+    elif launch == 'nodes':
+        env.update(NNODES='2', RDZV_ID=f'test{port}')
+        cmds = [['bash', os.path.join(tools, 'dist_train.sh'), str(cfg), '1', '--work-dir',
+                 str(work)] + options] * 2
+    else:
+        env.update(GPUS='2', GPUS_PER_NODE='1', CPUS_PER_TASK='1', MASTER_PORT=port)
+        cmds = [['bash', os.path.join(tools, 'slurm_train.sh'), 'part', 'job', str(cfg),
+                 str(work)] + options]
+    procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for c in cmds]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    log = '\n'.join(logs)
+    assert all(p.returncode == 0 for p in procs), log[-5000:]
+    return work, log
 
+
+@pytest.fixture(scope='module')
+def one_node(shapes, tmp_path_factory):
+    t0 = time.time()
+    work, log = _dist_train(shapes, tmp_path_factory.mktemp('one_node'), 'torchrun')
+    print(f'2-process training: {time.time() - t0:.1f} s')
+    return work, log
+
+
+def test_two_cpu_processes_end_with_identical_weights(one_node):
+    work, log = one_node
     r0, r1 = (read_checkpoint(str(work / f'rank{r}.pth')) for r in (0, 1))
     assert r0['wrapper'] == r1['wrapper'] == 'CPUDistributedDataParallel'
     assert "distributed backend 'nccl' -> gloo" in log  # the demo config inherits nccl
@@ -66,7 +122,7 @@ def test_two_cpu_processes_end_with_identical_weights(shapes, tmp_path):
     assert not any('SyncBatchNorm' in n for n in r0['norms'])
     # each rank trained on its own share of the data, so only the gradient all-reduce can
     # keep the weights equal
-    assert len(r0['images']) == len(r1['images']) == 2 * iters
+    assert len(r0['images']) == len(r1['images']) == 2 * ITERS
     assert set(r0['images']) != set(r1['images'])
     assert r0['final'].keys() == r1['final'].keys()
     differ = [k for k in r0['final'] if not torch.equal(r0['final'][k], r1['final'][k])]
@@ -74,8 +130,25 @@ def test_two_cpu_processes_end_with_identical_weights(shapes, tmp_path):
     moved = [k for k in r0['final'] if not torch.equal(r0['final'][k], r0['initial'][k])]
     assert len(moved) > 0.9 * len(r0['final'])  # it did train
     # and rank 0's checkpoint holds them
-    saved = read_checkpoint(str(work / f'iter_{iters}.pth'))['state_dict']
+    saved = read_checkpoint(str(work / f'iter_{ITERS}.pth'))['state_dict']
     assert all(torch.equal(saved[k], v) for k, v in r0['final'].items())
+
+
+@pytest.mark.parametrize('launch', ['nodes', 'slurm'])
+def test_two_nodes_end_with_the_weights_of_one_node(one_node, shapes, tmp_path, launch):
+    """2 nodes x 1 process (torchrun's c10d rendezvous; Slurm's task environment through
+    mmengine's slurm launcher) train the same weights as 1 node x 2 processes, bit for bit."""
+    work, log = _dist_train(shapes, tmp_path, launch)
+    want = read_checkpoint(str(one_node[0] / 'rank0.pth'))
+    ranks = [read_checkpoint(str(work / f'rank{r}.pth')) for r in (0, 1)]
+    # each process trained on the share of the data one of the one-node processes had
+    shares = sorted(read_checkpoint(str(one_node[0] / f'rank{r}.pth'))['images'] for r in (0, 1))
+    assert sorted(r['images'] for r in ranks) == shares
+    for got in ranks:
+        differ = [k for k in want['final'] if not torch.equal(got['final'][k], want['final'][k])]
+        assert not differ, f'{len(differ)} tensors differ from one node, e.g. {differ[:3]}'
+    launcher = 'slurm' if launch == 'slurm' else 'pytorch'
+    assert f'Distributed launcher: {launcher}' in log and 'GPU number: 2' in log  # world size
 
 
 def test_slurm_train_hands_the_command_to_srun(tmp_path):
@@ -142,4 +215,18 @@ def test_setup_cpu_distributed(monkeypatch):
     setup_cpu_distributed(single)
     assert 'model_wrapper_cfg' not in single
     with pytest.raises(RuntimeError, match='torchrun'):
+        setup_cpu_distributed(Config(dict(launcher='mpi')))
+
+
+def test_slurm_on_cpu_refuses_without_slurms_environment(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    for k in ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_NODELIST', 'MASTER_ADDR'):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(RuntimeError, match='without SLURM_PROCID, SLURM_NTASKS, SLURM_NODELIST'):
+        setup_cpu_distributed(Config(dict(launcher='slurm')))
+    monkeypatch.setenv('SLURM_PROCID', '1')
+    monkeypatch.setenv('SLURM_NTASKS', '2')
+    monkeypatch.setenv('SLURM_NODELIST', 'node[0-1]')
+    monkeypatch.setenv('PATH', str(tmp_path))  # no scontrol
+    with pytest.raises(RuntimeError, match='set MASTER_ADDR'):
         setup_cpu_distributed(Config(dict(launcher='slurm')))

@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # Distributed training on PyTorch's own launcher (torchrun).
 #   tools/dist_train.sh CONFIG GPUS [train.py options]
-# Several nodes: NNODES=2 NODE_RANK=0|1 MASTER_ADDR=host0 PORT=29500 tools/dist_train.sh ...
+# Several nodes: the same command on every node, GPUS per node; torchrun's c10d rendezvous at
+# MASTER_ADDR:PORT (a host all nodes reach) numbers the nodes:
+#   NNODES=2 MASTER_ADDR=host0 PORT=29500 tools/dist_train.sh CONFIG 8 [train.py options]
+# RDZV_ID names the job at that endpoint (default deepvit_mm). With NODE_RANK=0|1|... set on each
+# node, the nodes are numbered by hand instead (static rendezvous, node 0 at MASTER_ADDR:PORT).
 set -euo pipefail
 CONFIG=$1
 GPUS=$2
 shift 2
 NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 DIR=$(dirname "$0")
+if [ "$NNODES" -gt 1 ] && [ -z "${NODE_RANK:-}" ]; then
+  RDZV=(--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$PORT" --rdzv-id="${RDZV_ID:-deepvit_mm}")
+else
+  RDZV=(--node_rank="${NODE_RANK:-0}" --master_addr="$MASTER_ADDR" --master_port="$PORT")
+fi
 PYTHONPATH="$DIR/..:${PYTHONPATH:-}" exec python -m torch.distributed.run \
-  --nnodes="$NNODES" --node_rank="$NODE_RANK" --master_addr="$MASTER_ADDR" \
-  --nproc_per_node="$GPUS" --master_port="$PORT" \
+  --nnodes="$NNODES" --nproc_per_node="$GPUS" "${RDZV[@]}" \
   "$DIR/train.py" "$CONFIG" --launcher pytorch "$@"

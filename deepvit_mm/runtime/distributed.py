@@ -8,6 +8,13 @@ recipes' ``env_cfg.dist_cfg`` asks for NCCL. On a machine without CUDA, ``setup_
 (mmengine then skips its own start) and selects ``CPUDistributedDataParallel``, mmengine's DDP
 wrapper without device ids. GPU runs are left entirely to mmengine.
 
+Slurm: mmengine's ``slurm`` launcher picks a GPU by ``SLURM_PROCID % torch.cuda.device_count()``,
+which fails without one; on CPU ``setup_cpu_distributed`` reads the same variables it reads
+(``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_NODELIST`` through ``scontrol show hostname``;
+``MASTER_ADDR`` and ``MASTER_PORT`` where set, else the first node and 29500) and sets the same
+environment it sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` from ``SLURM_LOCALID``,
+``MASTER_ADDR``, ``MASTER_PORT``) before starting the gloo group.
+
 SyncBN: in a distributed GPU run mmengine keeps the ``SyncBN`` layers a config builds (it reverts
 them to BN only in single-process runs). PyTorch's SyncBatchNorm has no CPU implementation, so on
 CPU ``CPUDistributedDataParallel`` reverts them to BN, as a single-process run does, and says so:
@@ -15,6 +22,8 @@ each process then normalises with the statistics of its own batch.
 """
 import datetime
 import os
+import shutil
+import subprocess
 
 import torch
 import torch.distributed as dist
@@ -61,10 +70,11 @@ def setup_cpu_distributed(cfg: Config) -> None:
     launcher = cfg.get('launcher', 'none')
     if launcher == 'none' or torch.cuda.is_available():
         return
-    if launcher != 'pytorch':
+    if launcher not in ('pytorch', 'slurm'):
         raise RuntimeError(
             f'--launcher {launcher} on a machine without CUDA: mmengine starts {launcher} runs '
-            'for GPUs only. Launch CPU processes with torchrun: tools/dist_train.sh CONFIG NPROC.')
+            'for GPUs only. Launch CPU processes with torchrun (tools/dist_train.sh CONFIG NPROC) '
+            'or under Slurm (tools/slurm_train.sh).')
     env_cfg = cfg.setdefault('env_cfg', {})
     dist_cfg = dict(env_cfg.get('dist_cfg') or {})
     if dist_cfg.get('backend', 'nccl') != 'gloo':
@@ -79,9 +89,32 @@ def setup_cpu_distributed(cfg: Config) -> None:
     wrapper.setdefault('find_unused_parameters', cfg.get('find_unused_parameters', False))
     cfg.model_wrapper_cfg = wrapper
     if not dist.is_initialized():
+        if launcher == 'slurm':
+            _slurm_environment(dist_cfg.get('port'))
         if 'RANK' not in os.environ:
             raise RuntimeError('--launcher pytorch needs the environment torchrun sets (RANK, '
                                'WORLD_SIZE, ...): start with tools/dist_train.sh CONFIG NPROC.')
         timeout = dist_cfg.get('timeout')
         kwargs = dict(timeout=datetime.timedelta(seconds=timeout)) if timeout else {}
         dist.init_process_group(backend='gloo', **kwargs)
+
+
+def _slurm_environment(port=None) -> None:
+    """The environment mmengine's slurm launcher sets from Slurm's, for CPU processes."""
+    missing = [k for k in ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_NODELIST') if k not in os.environ]
+    if missing:
+        raise RuntimeError(f'--launcher slurm without {", ".join(missing)}: start it with srun '
+                           '(tools/slurm_train.sh), or use --launcher pytorch under torchrun.')
+    if 'MASTER_ADDR' not in os.environ:
+        if shutil.which('scontrol') is None:
+            raise RuntimeError('--launcher slurm: scontrol is not on PATH to name the first node '
+                               'of SLURM_NODELIST; set MASTER_ADDR to it.')
+        out = subprocess.run(['scontrol', 'show', 'hostname', os.environ['SLURM_NODELIST']],
+                             capture_output=True, text=True, check=True).stdout.split()
+        os.environ['MASTER_ADDR'] = out[0]
+    if port is not None:
+        os.environ['MASTER_PORT'] = str(port)
+    os.environ.setdefault('MASTER_PORT', '29500')
+    os.environ['WORLD_SIZE'] = os.environ['SLURM_NTASKS']
+    os.environ['RANK'] = os.environ['SLURM_PROCID']
+    os.environ['LOCAL_RANK'] = os.environ.get('SLURM_LOCALID', '0')

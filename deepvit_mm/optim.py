@@ -15,7 +15,8 @@ contains). It has its own name because mmseg already registers a ``LayerDecayOpt
 Weight decay is 0 for what the model says should not decay, found from the modules rather than
 from a list of names:
   - every parameter of a norm layer (BatchNorm, LayerNorm, GroupNorm, ...), by module type;
-  - every parameter with at most one dimension (biases, LayerScale gammas) and every ``*.bias``;
+  - every parameter with at most one dimension (biases, LayerScale gammas) and every ``*.bias``
+    (under FSDP, by the parameter's own shape, not its shard's);
   - whatever a module declares with timm's ``no_weight_decay()`` (names or ``fnmatch`` patterns
     relative to that module): timm's ``Xcit`` declares its Fourier position encoding
     (``pos_embed.*``), its cross-covariance attention the ``temperature``, ``Cait`` its
@@ -41,13 +42,14 @@ from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMSEG_CONSTRUCTORS
 
 from .backbones.columnar import ColumnarBackbone
 from .compat.timm import declared_no_weight_decay
-from .compat.torch import NORM_LAYERS
+from .compat.torch import NORM_LAYERS, fsdp_original_ndims
 
 __all__ = ['ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
            'no_weight_decay_names', 'layer_ids']
 
 
-def no_weight_decay_names(model: nn.Module, biases: bool = True) -> Set[str]:
+def no_weight_decay_names(model: nn.Module, biases: bool = True,
+                          sharded_ndims: Optional[Dict[int, int]] = None) -> Set[str]:
     """Names (as in ``model.named_parameters()``) of the parameters that should not decay.
 
     Args:
@@ -55,6 +57,9 @@ def no_weight_decay_names(model: nn.Module, biases: bool = True) -> Set[str]:
         biases (bool): Include every bias (``*.bias`` and 1-d parameters named so); with False, a
             bias is included only if another rule (a norm layer, a declaration) names it.
             Default: True.
+        sharded_ndims (dict[int, int], optional): ``id(parameter) -> ndim`` of the parameters
+            FSDP flattened (``compat.torch.fsdp_original_ndims`` of the wrapped model), whose own
+            ``ndim`` is their shard's. Default: None.
 
     Returns:
         set[str]: Parameter names.
@@ -65,9 +70,22 @@ def no_weight_decay_names(model: nn.Module, biases: bool = True) -> Set[str]:
         if isinstance(mod, NORM_LAYERS):
             names.update(prefix + n for n, _ in mod.named_parameters(recurse=False))
         names.update(prefix + n for n in declared_no_weight_decay(mod))
-    names.update(n for n, p in model.named_parameters()
-                 if n.endswith('.bias') and biases or p.ndim <= 1 and not n.endswith('.bias'))
+    sharded_ndims = sharded_ndims or {}
+    for n, p in model.named_parameters():
+        ndim = sharded_ndims.get(id(p), p.ndim)
+        if n.endswith('.bias') and biases or ndim <= 1 and not n.endswith('.bias'):
+            names.add(n)
     return names
+
+
+class _ShardAware:
+    """Keeps the FSDP-flattened parameters' own dimensions (``compat.torch.fsdp_original_ndims``)
+    of the model as mmengine hands it over, before mmengine's ``__call__`` unwraps it to its
+    ``.module`` (which no longer holds FSDP's root unit)."""
+
+    def __call__(self, model: nn.Module):
+        self._sharded_ndims = fsdp_original_ndims(model)
+        return super().__call__(model)
 
 
 def _find_backbone(model: nn.Module) -> Tuple[str, ColumnarBackbone]:
@@ -107,7 +125,7 @@ def layer_ids(model: nn.Module) -> Tuple[Dict[str, int], int]:
     return ids, num_blocks
 
 
-class ColumnarLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
+class ColumnarLayerDecayOptimizerConstructor(_ShardAware, DefaultOptimWrapperConstructor):
     """mmengine's default constructor plus layer-wise lr decay and model-derived no-decay groups.
 
     Each parameter first gets what ``DefaultOptimWrapperConstructor`` gives it (so
@@ -167,7 +185,7 @@ class ColumnarLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
                 f'ColumnarLayerDecayOptimizerConstructor: paramwise_cfg.num_layers='
                 f'{self.num_layers}, but the backbone runs {num_blocks} blocks; set '
                 f'num_layers={num_blocks} or leave it out.')
-        no_decay = no_weight_decay_names(module)
+        no_decay = no_weight_decay_names(module, sharded_ndims=getattr(self, '_sharded_ndims', None))
         names = {id(p): n for n, p in module.named_parameters()}
         groups: Dict[tuple, dict] = OrderedDict()
         for group in per_param:
@@ -200,7 +218,7 @@ class ColumnarLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
         return '\n'.join(lines)
 
 
-class NoDecayOnScalesOptimizerConstructor(DefaultOptimWrapperConstructor):
+class NoDecayOnScalesOptimizerConstructor(_ShardAware, DefaultOptimWrapperConstructor):
     """mmengine's default constructor, then no weight decay on the scales: every norm layer's
     parameters (LayerNorm, BatchNorm, ... by type), 1-d parameters other than biases (LayerScale),
     and what timm's modules declare (XCA's temperature, the position embeddings); see
@@ -228,7 +246,8 @@ class NoDecayOnScalesOptimizerConstructor(DefaultOptimWrapperConstructor):
         super().add_params(params, module, prefix, is_dcn_module)
         if prefix or self.base_wd is None:  # mmengine's recursion, or no weight decay at all
             return
-        names = no_weight_decay_names(module, biases=False)
+        names = no_weight_decay_names(module, biases=False,
+                                      sharded_ndims=getattr(self, '_sharded_ndims', None))
         exempt = {id(p) for n, p in module.named_parameters() if n in names}
         for group in params[first:]:
             if any(id(p) in exempt for p in group['params']):

@@ -58,4 +58,8 @@ FEATURE_FLOORS = {
                     'torch 2.1 has no torch.onnx.export(dynamo=True); torch 2.5.1\'s fails '
                     '(torch.export cannot take symbolic sizes through the adapter\'s baddbmm, '
                     'onnxscript cannot translate BatchNorm); releases in between are not tested'),
+    'sharded training on CPU': ('torch', '2.13.0',
+                                "torch 2.1.2's FullyShardedDataParallel fails on CPU processes "
+                                "(TypeError: Stream() takes no arguments); releases in between "
+                                'are not tested'),
 }

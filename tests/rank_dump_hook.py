@@ -6,6 +6,7 @@ import torch
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
+from torch.distributed.fsdp import FullyShardedDataParallel
 
 
 @HOOKS.register_module()
@@ -21,14 +22,19 @@ class RankDumpHook(Hook):
 
     def before_train(self, runner) -> None:
         self.initial = self._params(runner)
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        self.initial_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         self.images += [s.img_path for s in data_batch['data_samples']]
 
     def after_train(self, runner) -> None:
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        torch.save(dict(initial=self.initial, final=self._params(runner), images=self.images,
+        torch.save(dict(initial=self.initial, initial_buffers=self.initial_buffers,
+                        final=self._params(runner), images=self.images,
                         wrapper=type(runner.model).__name__,
+                        units=sum(isinstance(m, FullyShardedDataParallel)
+                                  for m in runner.model.modules()),
                         norms=sorted({type(m).__name__ for m in model.modules()
                                       if 'Norm' in type(m).__name__})),
                    osp.join(runner.work_dir, f'rank{runner.rank}.pth'))

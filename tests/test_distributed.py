@@ -2,6 +2,7 @@
 weights; tools/slurm_train.sh hands the right command to srun; mmengine keeps SyncBN in
 distributed runs and reverts it in single-process ones."""
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -13,10 +14,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from mmengine.config import Config
+from mmengine.logging import MMLogger
 from mmengine.registry import MODEL_WRAPPERS
 from mmengine.runner import Runner
 
 from deepvit_mm.checkpoints import read_checkpoint
+from deepvit_mm.compat.torch import cpu_fsdp_problem
 from deepvit_mm.runtime import setup_cpu_distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,15 +55,18 @@ exit $rc
 FAKE_SCONTROL = '#!/usr/bin/env bash\necho 127.0.0.1\necho 127.0.0.2\n'
 
 
-def _dist_train(shapes, tmp_path, launch: str) -> tuple:
+def _dist_train(shapes, tmp_path, launch: str, sharded: bool = False, options=()) -> tuple:
     """The demo detector trained for ITERS steps on 2 CPU processes, launched as ``launch``
     says: ``torchrun`` (1 node x 2, tools/dist_train.sh), ``nodes`` (2 nodes x 1: two torchrun
     launches meeting at a c10d rendezvous on the loopback address) or ``slurm``
     (tools/slurm_train.sh through a stand-in srun: 2 tasks on 2 "nodes", mmengine's slurm
-    launcher). Returns the work dir and the log."""
+    launcher). ``sharded``: through FlexibleRunner and FSDPStrategy (configs/_base_/fsdp.py).
+    ``options``: more ``--cfg-options``. Returns the work dir and the log."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / 'dist_cfg.py'
+    bases = [CFG] + ([os.path.join(ROOT, 'configs', '_base_', 'fsdp.py')] if sharded else [])
     cfg.write_text(textwrap.dedent(f"""
-        _base_ = {CFG!r}
+        _base_ = {bases!r}
         custom_imports = dict(imports=['deepvit_mm', 'rank_dump_hook'], allow_failed_imports=False)
         custom_hooks = [dict(type='RNGStateHook'), dict(type='RankDumpHook')]
         # the recipes ask for SyncBN; it has no CPU implementation and is reverted on CPU
@@ -85,7 +91,7 @@ def _dist_train(shapes, tmp_path, launch: str) -> tuple:
                'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
                'param_scheduler.0.end=2', 'param_scheduler.1.begin=2',
                f'param_scheduler.1.end={ITERS}', 'default_hooks.logger.interval=1',
-               f'default_hooks.checkpoint.interval={ITERS}']
+               f'default_hooks.checkpoint.interval={ITERS}', *options]
     if launch == 'torchrun':
         cmds = [['bash', os.path.join(tools, 'dist_train.sh'), str(cfg), '2', '--work-dir',
                  str(work)] + options]
@@ -149,6 +155,73 @@ def test_two_nodes_end_with_the_weights_of_one_node(one_node, shapes, tmp_path, 
         assert not differ, f'{len(differ)} tensors differ from one node, e.g. {differ[:3]}'
     launcher = 'slurm' if launch == 'slurm' else 'pytorch'
     assert f'Distributed launcher: {launcher}' in log and 'GPU number: 2' in log  # world size
+
+
+needs_cpu_fsdp = pytest.mark.skipif(cpu_fsdp_problem() is not None, reason=str(cpu_fsdp_problem()))
+
+
+def _saved(work) -> dict:
+    return read_checkpoint(str(work / f'iter_{ITERS}.pth'))['state_dict']
+
+
+def _initial_weights(one_node, tmp_path) -> str:
+    """The weights the one-node DDP run started from, as a checkpoint for ``load_from``:
+    FlexibleRunner builds the model later than the Runner (after other random draws), so a
+    comparison starts both from the same file."""
+    init = tmp_path / 'init.pth'
+    r0 = read_checkpoint(str(one_node[0] / 'rank0.pth'))
+    torch.save(dict(state_dict={**r0['initial'], **r0['initial_buffers']}), init)
+    return f'load_from={init}'
+
+
+def _grad_norms(log: str) -> list:
+    return [float(v) for v in re.findall(r'Iter\(train\) \[\d+/\d+\].*?grad_norm: ([0-9.]+)', log)]
+
+
+@needs_cpu_fsdp
+@pytest.mark.parametrize('variant', ['recipe', 'layer_decay_with_cp'])
+def test_fsdp_trains_the_weights_of_ddp(one_node, shapes, tmp_path, variant):
+    """configs/_base_/fsdp.py on 2 CPU processes: one FSDP unit per trunk block, and after 4 steps
+    its full checkpoint (gathered on rank 0) holds the weights DDP trained, bit for bit. The
+    second variant adds what the large backbones train with: layer-wise lr decay and gradient
+    checkpointing. (Gradient clipping is off here: its norm sums the shards in another order,
+    test_fsdp_clips_by_the_norm_of_the_whole_gradient.)"""
+    options = (_initial_weights(one_node, tmp_path), 'optim_wrapper.clip_grad=None')
+    if variant != 'recipe':
+        options += ('optim_wrapper.constructor=ColumnarLayerDecayOptimizerConstructor',
+                    'optim_wrapper.paramwise_cfg.decay_rate=0.65', 'model.backbone.with_cp=True')
+    ddp, _ = _dist_train(shapes, tmp_path / 'ddp', 'torchrun', options=options)
+    work, log = _dist_train(shapes, tmp_path / 'fsdp', 'torchrun', sharded=True, options=options)
+    r0 = read_checkpoint(str(work / 'rank0.pth'))
+    assert r0['wrapper'] == 'CPUFullyShardedDataParallel'
+    assert r0['units'] == 8 + 1  # the demo's 8 trunk blocks, and the root
+    if variant != 'recipe':
+        assert 'layer-wise lr decay 0.65 over 8 blocks' in log
+    got, want = _saved(work), _saved(ddp)
+    assert got.keys() == want.keys()
+    differ = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not differ, f'{len(differ)} of {len(want)} tensors differ from DDP, e.g. {differ[:3]}'
+    start = read_checkpoint(str(ddp / 'rank0.pth'))['initial']
+    moved = [k for k, v in start.items() if not torch.equal(got[k], v)]
+    assert len(moved) > 0.9 * len(start)  # it did train
+
+
+@needs_cpu_fsdp
+def test_fsdp_clips_by_the_norm_of_the_whole_gradient(one_node, shapes, tmp_path):
+    """The demo clips gradients at norm 5. With mmengine's FSDPStrategy each process clips by the
+    norm of its own shards; GlobalNormFSDPStrategy (configs/_base_/fsdp.py) by the whole
+    gradient's, which DDP logs."""
+    init = _initial_weights(one_node, tmp_path)
+    ddp = _grad_norms(one_node[1])
+    ours = _grad_norms(_dist_train(shapes, tmp_path / 'ours', 'torchrun', sharded=True,
+                                   options=(init,))[1])
+    theirs = _grad_norms(_dist_train(shapes, tmp_path / 'mmengine', 'torchrun', sharded=True,
+                                     options=(init, 'strategy.type=FSDPStrategy'))[1])
+    print(f'grad norms: DDP {ddp}, GlobalNormFSDPStrategy {ours}, FSDPStrategy {theirs}')
+    assert len(ddp) == len(ours) == len(theirs) == ITERS
+    assert ours[0] == ddp[0]  # the same gradient; later steps differ in rounding only
+    assert all(abs(o - d) <= 1e-3 * d for o, d in zip(ours, ddp))
+    assert abs(theirs[0] - ddp[0]) > 0.05 * ddp[0]
 
 
 def test_slurm_train_hands_the_command_to_srun(tmp_path):
@@ -230,3 +303,21 @@ def test_slurm_on_cpu_refuses_without_slurms_environment(monkeypatch, tmp_path):
     monkeypatch.setenv('PATH', str(tmp_path))  # no scontrol
     with pytest.raises(RuntimeError, match='set MASTER_ADDR'):
         setup_cpu_distributed(Config(dict(launcher='slurm')))
+
+
+def test_fsdp_on_cpu_is_refused_at_once_where_torch_cannot(monkeypatch):
+    """configs/_base_/fsdp.py on CPU processes: refused before anything is built on a torch whose
+    FSDP cannot run on CPU (torch 2.1), with the release it needs; set up for gloo elsewhere."""
+    MMLogger.get_instance('test_fsdp_refusal')  # print_log's 'current' logger, made before
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(dist, 'is_initialized', lambda: True)  # no process group needed here
+    cfg = Config.fromfile(os.path.join(ROOT, 'configs', '_base_', 'fsdp.py'))
+    cfg.launcher = 'pytorch'
+    if cpu_fsdp_problem():
+        with pytest.raises(RuntimeError, match=r'torch 2\.13\.0'):
+            setup_cpu_distributed(cfg)
+        return
+    setup_cpu_distributed(cfg)
+    assert cfg.strategy.model_wrapper.type == 'CPUFullyShardedDataParallel'
+    assert cfg.strategy.state_dict_cfg.state_dict_config.offload_to_cpu is False
+    assert 'model_wrapper_cfg' not in cfg  # the Runner's; FlexibleRunner reads the strategy's

@@ -140,6 +140,9 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
     #: the family's argument (and attribute) that switches its faster forward, ``'auto'``, True or
     #: False (XCiT: ``gram_xca``, CaiT: ``query_chunks``); set after ``__init__`` by the family
     fast_path_name: ClassVar[str] = ''
+    #: the timm class of the trunk's blocks: one unit each of sharded training (FSDP,
+    #: ``deepvit_mm.runtime.sharded.columnar_block_policy``)
+    block_type: ClassVar[Optional[Type[nn.Module]]] = None
     families: ClassVar[List[Type['ColumnarBackbone']]] = []
 
     def __init_subclass__(cls, **kwargs):

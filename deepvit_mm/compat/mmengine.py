@@ -20,13 +20,19 @@ own objects only and leaves mmengine's behaviour for everything else as it was.
 * ``init_amp_optim_wrapper_without_accelerator``: what ``AmpOptimWrapper.__init__`` sets up, its
   private ``_scale_update_param`` included, without its assertion of an accelerator (0.10.3,
   0.10.7), for ``CPUAmpOptimWrapper``.
+* ``FSDPStrategy``: mmengine's FSDP strategy class, which it exports only from its private
+  ``mmengine._strategy`` (its registry ``STRATEGIES`` has it by name), for
+  ``GlobalNormFSDPStrategy`` to subclass (0.10.3, 0.10.7).
 """
 import os.path as osp
 from collections import OrderedDict
 from typing import Any, Callable, Mapping, Optional, Set
 
+from mmengine._strategy import FSDPStrategy
+
 __all__ = ['register_config_package', 'route_load_state_dict', 'tag_source', 'source_of',
-           'history_buffer_statistics', 'init_amp_optim_wrapper_without_accelerator']
+           'history_buffer_statistics', 'init_amp_optim_wrapper_without_accelerator',
+           'FSDPStrategy']
 
 _MARK = '_deepvit_mm'
 _SOURCE = '_deepvit_mm_source'

@@ -26,6 +26,10 @@ in between was measured to have the API and fail.
   autocast turns itself off for float16), so there float16 is refused with what to do.
 * ``onnx_dynamo_export_problem``: ONNX export needs ``torch.onnx.export(dynamo=True)`` as torch
   2.13 has it: by version (``version.FEATURE_FLOORS``), as torch 2.5.1 has the API but fails.
+* ``cpu_fsdp_problem``: FullyShardedDataParallel on CPU processes (gloo) runs on torch 2.13 and
+  fails on 2.1 (by version, ``version.FEATURE_FLOORS``).
+* ``fsdp_original_ndims``: the dimensions of the parameters FSDP flattened, from its private
+  ``FlatParameter._params`` / ``_shapes``.
 * ``NORM_LAYERS``: the normalisation layer types, with ``nn.RMSNorm`` where it exists (2.4+);
   ``BatchNormBase``, ``ConvBase``: the base classes of batch norms and convolutions (private
   names in torch).
@@ -56,6 +60,7 @@ __all__ = [
     'TORCH_VERSION', 'is_compiling', 'is_exporting', 'autocast_enabled', 'autocast_dtype',
     'load_weights_only', 'RestrictedUnpickler', 'profiler_event_start_ns', 'flop_counter',
     'cpu_grad_scaler', 'cpu_float16_training_problem', 'onnx_dynamo_export_problem',
+    'cpu_fsdp_problem', 'fsdp_original_ndims',
     'NORM_LAYERS', 'BatchNormBase', 'ConvBase', 'add_bias', 'in_backward', 'cpu_has_bfloat16'
 ]
 
@@ -273,6 +278,31 @@ def onnx_dynamo_export_problem() -> Optional[str]:
             f'tested with torch {lowest}; torch {torch.__version__} cannot export these models '
             f'({known}). Export from an environment set up with requirements/constraints.txt '
             '(`make setup`); the exported .onnx file runs anywhere ONNX Runtime does.')
+
+
+def cpu_fsdp_problem() -> Optional[str]:
+    """None if FullyShardedDataParallel runs on CPU processes with this torch
+    (``FEATURE_FLOORS['sharded training on CPU']``), else why not and what to do instead."""
+    _, lowest, known = FEATURE_FLOORS['sharded training on CPU']
+    if TORCH_VERSION >= release(lowest):
+        return None
+    return (f'sharded training (FSDPStrategy) on CPU is tested with torch {lowest}; '
+            f'{known}. Train with DDP there (tools/dist_train.sh without the FSDP config), or '
+            f'with torch >= {lowest}; on GPUs FSDP is mmengine\'s own.')
+
+
+def fsdp_original_ndims(model: torch.nn.Module) -> Dict[int, int]:
+    """``id(parameter) -> its number of dimensions`` for the parameters that FSDP (with
+    ``use_orig_params=True``) turned into 1-d views of this process's shard: its ``FlatParameter``
+    keeps the original parameters and their shapes (private attributes). Empty for a model
+    without FSDP units."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    out = {}
+    for m in model.modules():
+        flat = m._flat_param if isinstance(m, FullyShardedDataParallel) else None
+        if flat is not None and flat._params is not None:
+            out.update((id(p), len(shape)) for p, shape in zip(flat._params, flat._shapes))
+    return out
 
 
 # --------------------------------------------------------------------------------------------

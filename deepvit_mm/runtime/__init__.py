@@ -6,6 +6,7 @@
   the fp16 recipes' float32 fallback without a GPU (``fit_precision_to_device``);
 - ``fastest_step``: a training run in the precision and thread count measured fastest on this CPU;
 - ``distributed``: distributed runs on CPU processes (gloo) through mmengine's Runner;
+- ``sharded``: sharded training (FSDP) through mmengine's FlexibleRunner, on GPUs and CPUs;
 - ``allocator``: glibc malloc tuning for CPU runs;
 - ``config``: reading a config and building its model as mmdet's and mmseg's tools do.
 """
@@ -33,11 +34,13 @@ from .hooks import (
     FiniteLossHook,
     RNGStateHook,
 )
+from .sharded import CPUFullyShardedDataParallel, GlobalNormFSDPStrategy, columnar_block_policy
 
 __all__ = ['CheckConsumersHook', 'CrashSafeCheckpointHook', 'CheckpointWriteError',
            'FiniteLossHook', 'RNGStateHook',
            'CPUAmpOptimWrapper', 'fit_precision_to_device', 'FastestStepHook',
            'CPUDistributedDataParallel', 'setup_cpu_distributed',
+           'CPUFullyShardedDataParallel', 'GlobalNormFSDPStrategy', 'columnar_block_policy',
            'keep_freed_cpu_memory', 'prepare_config', 'task_of', 'task_registry', 'load_config',
            'build_from_config', 'num_classes_of', 'enable_visualization',
            'VIS_BACKENDS', 'set_vis_backends', 'enable_tta', 'build_inferencer']

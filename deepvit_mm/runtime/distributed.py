@@ -32,6 +32,8 @@ from mmengine.logging import print_log
 from mmengine.model import MMDistributedDataParallel, revert_sync_batchnorm
 from mmengine.registry import MODEL_WRAPPERS
 
+from ..compat.torch import cpu_fsdp_problem
+
 __all__ = ['CPUDistributedDataParallel', 'setup_cpu_distributed']
 
 
@@ -47,12 +49,18 @@ class CPUDistributedDataParallel(MMDistributedDataParallel):
     """
 
     def __init__(self, module: torch.nn.Module, device_ids=None, **kwargs) -> None:
-        if any(isinstance(m, torch.nn.SyncBatchNorm) or 'SyncBatchNorm' in type(m).__name__
-               for m in module.modules()):
-            print_log('SyncBN has no CPU implementation: reverted to BN, each process '
-                      'normalises with its own batch statistics.', logger='current', level=30)
-            module = revert_sync_batchnorm(module)
-        super().__init__(module=module, device_ids=None, **kwargs)
+        super().__init__(module=without_sync_batchnorm(module), device_ids=None, **kwargs)
+
+
+def without_sync_batchnorm(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with its SyncBN layers reverted to BN (said once in the log): SyncBatchNorm has
+    no CPU implementation."""
+    if any(isinstance(m, torch.nn.SyncBatchNorm) or 'SyncBatchNorm' in type(m).__name__
+           for m in module.modules()):
+        print_log('SyncBN has no CPU implementation: reverted to BN, each process '
+                  'normalises with its own batch statistics.', logger='current', level=30)
+        module = revert_sync_batchnorm(module)
+    return module
 
 
 def setup_cpu_distributed(cfg: Config) -> None:
@@ -75,6 +83,7 @@ def setup_cpu_distributed(cfg: Config) -> None:
             f'--launcher {launcher} on a machine without CUDA: mmengine starts {launcher} runs '
             'for GPUs only. Launch CPU processes with torchrun (tools/dist_train.sh CONFIG NPROC) '
             'or under Slurm (tools/slurm_train.sh).')
+    _cpu_strategy(cfg)
     env_cfg = cfg.setdefault('env_cfg', {})
     dist_cfg = dict(env_cfg.get('dist_cfg') or {})
     if dist_cfg.get('backend', 'nccl') != 'gloo':
@@ -82,12 +91,13 @@ def setup_cpu_distributed(cfg: Config) -> None:
                   logger='current')
         dist_cfg['backend'] = 'gloo'
     env_cfg['dist_cfg'] = dist_cfg
-    wrapper = dict(cfg.get('model_wrapper_cfg') or {})
-    if wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
-        wrapper['type'] = 'CPUDistributedDataParallel'
-    wrapper.setdefault('broadcast_buffers', False)
-    wrapper.setdefault('find_unused_parameters', cfg.get('find_unused_parameters', False))
-    cfg.model_wrapper_cfg = wrapper
+    if cfg.get('runner_type') != 'FlexibleRunner':  # mmengine's Runner: model_wrapper_cfg
+        wrapper = dict(cfg.get('model_wrapper_cfg') or {})
+        if wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
+            wrapper['type'] = 'CPUDistributedDataParallel'
+        wrapper.setdefault('broadcast_buffers', False)
+        wrapper.setdefault('find_unused_parameters', cfg.get('find_unused_parameters', False))
+        cfg.model_wrapper_cfg = wrapper
     if not dist.is_initialized():
         if launcher == 'slurm':
             _slurm_environment(dist_cfg.get('port'))
@@ -118,3 +128,37 @@ def _slurm_environment(port=None) -> None:
     os.environ['WORLD_SIZE'] = os.environ['SLURM_NTASKS']
     os.environ['RANK'] = os.environ['SLURM_PROCID']
     os.environ['LOCAL_RANK'] = os.environ.get('SLURM_LOCALID', '0')
+
+
+def _cpu_strategy(cfg: Config) -> None:
+    """A ``FlexibleRunner``'s strategy on CPU processes: its model wrapper without GPU ids
+    (``CPUFullyShardedDataParallel`` for ``FSDPStrategy``, ``CPUDistributedDataParallel`` for
+    ``DDPStrategy``); FSDP refused at once on a torch that cannot run it on CPU."""
+    if cfg.get('runner_type') != 'FlexibleRunner':
+        return
+    strategy = cfg.setdefault('strategy', {})
+    kind = strategy.get('type', 'DDPStrategy')
+    wrapper = dict(strategy.get('model_wrapper') or {})
+    if kind in ('FSDPStrategy', 'GlobalNormFSDPStrategy'):
+        problem = cpu_fsdp_problem()
+        if problem:
+            raise RuntimeError(problem)
+        if wrapper.get('type', 'MMFullyShardedDataParallel') == 'MMFullyShardedDataParallel':
+            wrapper['type'] = 'CPUFullyShardedDataParallel'
+        if strategy.get('state_dict_cfg') == 'full':
+            # mmengine's 'full' gathers with offload_to_cpu=True, which segfaults on CPU processes
+            # (torch 2.13, gloo); the shards are in CPU memory already
+            strategy['state_dict_cfg'] = dict(
+                state_dict_type='FULL_STATE_DICT',
+                state_dict_config=dict(type='FullStateDictConfig', rank0_only=True,
+                                       offload_to_cpu=False),
+                optim_state_dict_config=dict(type='FullOptimStateDictConfig', rank0_only=True,
+                                             offload_to_cpu=False))
+    elif kind == 'DDPStrategy':
+        if wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
+            wrapper['type'] = 'CPUDistributedDataParallel'
+        wrapper.setdefault('broadcast_buffers', False)
+    else:
+        raise RuntimeError(f'strategy {kind!r} on a machine without CUDA: CPU processes train '
+                           'with DDPStrategy or FSDPStrategy (docs/training.md).')
+    strategy['model_wrapper'] = wrapper

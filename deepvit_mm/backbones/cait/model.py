@@ -41,7 +41,7 @@ import torch.nn as nn
 import torch.utils.checkpoint
 from mmengine.logging import print_log
 from timm.layers import PatchEmbed, resample_abs_pos_embed
-from timm.models.cait import Cait, checkpoint_filter_fn
+from timm.models.cait import Cait, LayerScaleBlock, checkpoint_filter_fn
 
 from ...registry import register_model
 from ...tracing import capturing_for_other_sizes
@@ -133,6 +133,7 @@ class CaiT(ColumnarBackbone):
     # official releases ({'model': ...}, maybe `module.`) have timm's keys
     checkpoint_filter = staticmethod(checkpoint_filter_fn)
     fast_path_name = 'query_chunks'
+    block_type = LayerScaleBlock
     query_chunks = property(ColumnarBackbone._get_fast_path, ColumnarBackbone._set_fast_path,
                             doc="``'auto'``, True or False: see the class docstring.")
 

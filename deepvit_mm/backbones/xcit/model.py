@@ -90,6 +90,7 @@ class XCiT(ColumnarBackbone):
     # official releases: `pos_embeder.*` -> `pos_embed.*`
     checkpoint_filter = staticmethod(checkpoint_filter_fn)
     fast_path_name = 'gram_xca'
+    block_type = timm.models.xcit.XCABlock
     gram_xca = property(ColumnarBackbone._get_fast_path, ColumnarBackbone._set_fast_path,
                         doc="``'auto'``, True or False: see the class docstring.")
 

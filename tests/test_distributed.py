@@ -18,7 +18,7 @@ from mmengine.logging import MMLogger
 from mmengine.registry import MODEL_WRAPPERS
 from mmengine.runner import Runner
 
-from deepvit_mm.checkpoints import read_checkpoint
+from deepvit_mm.checkpoints import CheckpointError, read_checkpoint
 from deepvit_mm.compat.torch import cpu_fsdp_problem
 from deepvit_mm.runtime import setup_cpu_distributed
 
@@ -178,9 +178,21 @@ def _grad_norms(log: str) -> list:
     return [float(v) for v in re.findall(r'Iter\(train\) \[\d+/\d+\].*?grad_norm: ([0-9.]+)', log)]
 
 
+@pytest.fixture(scope='module')
+def sharded(one_node, shapes, tmp_path_factory):
+    """configs/_base_/fsdp.py: the demo detector, 4 steps on 2 CPU processes from the one-node
+    DDP run's start, gradient clipping off, whole checkpoints after steps 2 and 4."""
+    tmp = tmp_path_factory.mktemp('sharded')
+    options = (_initial_weights(one_node, tmp), 'optim_wrapper.clip_grad=None')
+    work, log = _dist_train(shapes, tmp, 'torchrun', sharded=True,
+                            options=options + ('default_hooks.checkpoint.interval=2',
+                                               'default_hooks.checkpoint.max_keep_ckpts=2'))
+    return work, log, options
+
+
 @needs_cpu_fsdp
 @pytest.mark.parametrize('variant', ['recipe', 'layer_decay_with_cp'])
-def test_fsdp_trains_the_weights_of_ddp(one_node, shapes, tmp_path, variant):
+def test_fsdp_trains_the_weights_of_ddp(one_node, sharded, shapes, tmp_path, variant):
     """configs/_base_/fsdp.py on 2 CPU processes: one FSDP unit per trunk block, and after 4 steps
     its full checkpoint (gathered on rank 0) holds the weights DDP trained, bit for bit. The
     second variant adds what the large backbones train with: layer-wise lr decay and gradient
@@ -191,7 +203,11 @@ def test_fsdp_trains_the_weights_of_ddp(one_node, shapes, tmp_path, variant):
         options += ('optim_wrapper.constructor=ColumnarLayerDecayOptimizerConstructor',
                     'optim_wrapper.paramwise_cfg.decay_rate=0.65', 'model.backbone.with_cp=True')
     ddp, _ = _dist_train(shapes, tmp_path / 'ddp', 'torchrun', options=options)
-    work, log = _dist_train(shapes, tmp_path / 'fsdp', 'torchrun', sharded=True, options=options)
+    if variant == 'recipe':
+        work, log = sharded[:2]
+    else:
+        work, log = _dist_train(shapes, tmp_path / 'fsdp', 'torchrun', sharded=True,
+                                options=options)
     r0 = read_checkpoint(str(work / 'rank0.pth'))
     assert r0['wrapper'] == 'CPUFullyShardedDataParallel'
     assert r0['units'] == 8 + 1  # the demo's 8 trunk blocks, and the root
@@ -222,6 +238,75 @@ def test_fsdp_clips_by_the_norm_of_the_whole_gradient(one_node, shapes, tmp_path
     assert ours[0] == ddp[0]  # the same gradient; later steps differ in rounding only
     assert all(abs(o - d) <= 1e-3 * d for o, d in zip(ours, ddp))
     assert abs(theirs[0] - ddp[0]) > 0.05 * ddp[0]
+
+
+@pytest.mark.parametrize('sharded_run', [False, pytest.param(True, marks=needs_cpu_fsdp)],
+                         ids=['ddp', 'fsdp'])
+def test_two_process_run_resumes_bit_identical(shapes, tmp_path, sharded_run):
+    """--resume of a 2-process run (DDP, or FSDP from its whole checkpoint) after step 2 ends
+    where the uninterrupted run did: each process gets its own RNG state back (RNGStateHook), and
+    with the optimizer's parts where they belong (GlobalNormFSDPStrategy). Augmentation runs in a
+    dataloader worker, as RNGStateHook asks."""
+    options = ('train_dataloader.num_workers=1', 'default_hooks.checkpoint.interval=2',
+               'default_hooks.checkpoint.max_keep_ckpts=2')
+    work, _ = _dist_train(shapes, tmp_path / 'whole', 'torchrun', sharded=sharded_run,
+                          options=options)
+    resumed, log = _dist_train(shapes, tmp_path / 'resumed', 'torchrun', sharded=sharded_run,
+                               options=options + ('resume=True',
+                                                  f'load_from={work / "iter_2.pth"}'))
+    assert 'resumed epoch: 0, iter: 2' in log
+    got, want = _saved(resumed), _saved(work)
+    differ = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not differ, f'{len(differ)} of {len(want)} tensors differ, e.g. {differ[:3]}'
+    ranks = read_checkpoint(str(work / 'iter_2.pth'))['rng_state']['ranks']
+    assert len(ranks) == 2 and not torch.equal(ranks[0]['torch'], ranks[1]['torch'])
+
+
+@needs_cpu_fsdp
+def test_sharded_checkpoints_are_read_by_every_tool(sharded, shapes, tmp_path):
+    """The whole checkpoint a sharded run writes is an ordinary one: tools/test.py evaluates it
+    (one process, the plain config), load_from starts from it, the inferencers draw with it. A
+    sharded one (state_dict_cfg='local': a folder of per-process parts) is refused, saying what to
+    do, by the tools and by the loader given one of its parts."""
+    from deepvit_mm.runtime import build_inferencer
+    ckpt = sharded[0] / f'iter_{ITERS}.pth'
+    cfg = tmp_path / 'plain.py'
+    cfg.write_text(textwrap.dedent(f"""
+        _base_ = {CFG!r}
+        model = dict(backbone=dict(arch='nano_12_p16'))
+        data_root = {shapes + '/'!r}
+        val_dataloader = dict(num_workers=0, persistent_workers=False,
+                              dataset=dict(data_root=data_root))
+        test_dataloader = val_dataloader
+        val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
+        test_evaluator = val_evaluator
+        """))
+    env = dict(os.environ, PYTHONWARNINGS='ignore', PYTHONPATH=ROOT)
+    test_py = [sys.executable, os.path.join(ROOT, 'tools', 'test.py'), str(cfg)]
+    out = subprocess.run(test_py + [str(ckpt), '--work-dir', str(tmp_path / 'test')], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert 'coco/bbox_mAP' in out.stdout + out.stderr
+    # the inferencer, with the weights the run saved
+    inferencer, _ = build_inferencer(str(cfg), str(ckpt), device='cpu')
+    want = read_checkpoint(str(ckpt))['state_dict']
+    got = inferencer.model.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+    image = os.path.join(shapes, 'val', sorted(os.listdir(os.path.join(shapes, 'val')))[0])
+    assert len(inferencer(image, return_datasamples=True)['predictions']) == 1
+    # a sharded checkpoint: one part per process
+    local, _ = _dist_train(shapes, tmp_path / 'local', 'torchrun', sharded=True, options=(
+        'train_cfg.max_iters=2', 'default_hooks.checkpoint.interval=2',
+        'strategy.state_dict_cfg=local'))
+    parts = local / 'iter_2.pth'
+    assert sorted(os.listdir(parts)) == ['rank0.pth', 'rank1.pth']
+    out = subprocess.run(test_py + [str(parts)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode != 0
+    assert 'is a sharded checkpoint (rank0.pth, rank1.pth)' in out.stderr
+    assert 'train with configs/_base_/fsdp.py' in out.stderr
+    with pytest.raises(CheckpointError, match="part of a sharded checkpoint.*state_dict_cfg='full'"):
+        read_checkpoint(str(parts / 'rank0.pth'))
 
 
 def test_slurm_train_hands_the_command_to_srun(tmp_path):

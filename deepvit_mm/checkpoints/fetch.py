@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from .errors import CheckpointError
+from .errors import SHARDED_HINT, CheckpointError
 from .integrity import sha256_of, structure_problem
 
 __all__ = ['HUB_PREFIX', 'resolve_checkpoint', 'download', 'cached_download_problem']
@@ -273,6 +273,9 @@ def resolve_checkpoint(path: str, sha256: Optional[str] = None) -> str:
     if os.path.isdir(full):
         found = sorted(n for n in os.listdir(full)
                        if n.endswith(('.pth', '.pt', '.bin', '.safetensors')))
+        if found and all(re.fullmatch(r'rank\d+\.pth', n) for n in found):
+            raise CheckpointError(f'{path!r} is a sharded checkpoint ({", ".join(found[:4])}'
+                                  f'{" ..." if len(found) > 4 else ""}): {SHARDED_HINT}')
         raise FileNotFoundError(
             f'{path!r} is a folder, not a checkpoint file: give the file '
             + (f'(it holds {", ".join(found[:6])}{" ..." if len(found) > 6 else ""})'

@@ -18,7 +18,7 @@ import torch
 from ..compat.mmengine import history_buffer_statistics
 from ..compat.numpy import pickled_array_globals
 from ..compat.torch import load_weights_only
-from .errors import CheckpointError
+from .errors import SHARDED_HINT, CheckpointError
 from .fetch import resolve_checkpoint
 from .integrity import is_safetensors, is_zip, structure_problem, zip_problem
 from .stored_config import neutralise_config_text
@@ -102,6 +102,10 @@ def read_checkpoint(path: str, map_location='cpu') -> dict:
         if 'Unsupported global' in msg or 'Weights only load failed' in msg \
                 or isinstance(e, CheckpointError):
             found = re.findall(r'GLOBAL ([\w.]+)', msg) or re.findall(r'global: ([\w.]+)', msg)
+            if any('sharded_tensor' in g or 'FlatParameter' in g for g in found):
+                raise CheckpointError(
+                    f'{path!r} is one process\'s part of a sharded checkpoint: {SHARDED_HINT} '
+                    + trust_hint(path)) from None
             raise CheckpointError(
                 f'refusing to load {path!r}: it contains pickled objects that are not plain data '
                 f'({", ".join(sorted(set(found))) or msg.splitlines()[-1][:200]}). Loading it could '

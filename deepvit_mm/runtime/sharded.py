@@ -14,6 +14,9 @@ gathers a unit's weights only while that unit runs). What this module adds to mm
   processes: 28.35 where the whole gradient's is 31.59), and training drifted from what DDP
   trains. Here it clips through ``FullyShardedDataParallel.clip_grad_norm_``, whose norm is
   reduced over the processes.
+  It also resumes: mmengine 0.10.7 passes ``FSDP.optim_state_dict_to_load`` its arguments in
+  torch 2.0's order, which torch 2.1 changed (``TypeError: unhashable type: 'dict'`` at
+  ``--resume``); here they go by name.
 * ``CPUFullyShardedDataParallel`` (registered in ``MODEL_WRAPPERS``): mmengine's
   ``MMFullyShardedDataParallel`` on CPU processes. mmengine's ``FSDPStrategy`` passes
   ``device_id=LOCAL_RANK``, a GPU index; ``setup_cpu_distributed`` selects this wrapper on a
@@ -29,6 +32,7 @@ import torch.nn as nn
 from mmengine.model.wrappers import MMFullyShardedDataParallel
 from mmengine.optim import OptimWrapperDict
 from mmengine.registry import FUNCTIONS, MODEL_WRAPPERS, STRATEGIES
+from torch.distributed.fsdp import FullyShardedDataParallel
 
 from ..backbones.columnar import ColumnarBackbone
 from ..compat.mmengine import FSDPStrategy
@@ -59,7 +63,8 @@ FUNCTIONS.register_module(name='columnar_block_policy', module=columnar_block_po
 class GlobalNormFSDPStrategy(FSDPStrategy):
     """mmengine's ``FSDPStrategy`` (same arguments) whose gradient clipping by norm
     (``optim_wrapper.clip_grad=dict(max_norm=...)``) clips by the norm of the whole gradient, as
-    DDP does, instead of each process's shard's (module docstring)."""
+    DDP does, instead of each process's shard's, and which resumes on torch >= 2.1 (module
+    docstring)."""
 
     def build_optim_wrapper(self, optim_wrapper, model: Optional[nn.Module] = None):
         built = super().build_optim_wrapper(optim_wrapper, model)
@@ -69,6 +74,12 @@ class GlobalNormFSDPStrategy(FSDPStrategy):
             if getattr(wrapper, 'clip_grad_kwargs', None) and wrapper.grad_name == 'grad_norm':
                 wrapper.clip_func = _global_norm_clip(fsdp)
         return built
+
+    def load_optim_state_dict(self, state_dict: dict) -> None:
+        """Load a whole (``full``) optimizer state: its parts go to the processes holding them."""
+        optim_state_dict = FullyShardedDataParallel.optim_state_dict_to_load(
+            model=self.model, optim=self.optim_wrapper.optimizer, optim_state_dict=state_dict)
+        self.optim_wrapper.load_state_dict(optim_state_dict)
 
 
 def _global_norm_clip(fsdp: nn.Module):

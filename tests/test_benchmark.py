@@ -526,3 +526,16 @@ def test_step_floors_count_every_product_of_each_part():
     assert clock.work[('backbone', 'bwd')]['macs'] == bwd.get_total_flops() // 2 > 0
     assert all(w['bytes'] > 0 for w in clock.work.values())
     assert {p for p, _ in clock.work} == {'data', 'backbone', 'neck', 'rpn', 'roi'}
+
+
+def test_model_state_bytes_counts_weights_gradients_and_adamw_moments():
+    from deepvit_tools.benchmark.sharding import model_state_bytes
+    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.Linear(20, 3))
+    model[1].weight.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    model(torch.randn(4, 10)).sum().backward()
+    opt.step()
+    n_all, n_trained = 10 * 20 + 20 + 20 * 3 + 3, 10 * 20 + 20 + 3
+    # AdamW's 0-d step counters are not state a shard holds
+    assert model_state_bytes(model, opt) == dict(weights=4 * n_all, grads=4 * n_trained,
+                                                 optimizer=2 * 4 * n_trained)

@@ -158,6 +158,8 @@ def _cpu_strategy(cfg: Config) -> None:
         if wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
             wrapper['type'] = 'CPUDistributedDataParallel'
         wrapper.setdefault('broadcast_buffers', False)
+    elif kind == 'DeepSpeedStrategy':
+        return
     else:
         raise RuntimeError(f'strategy {kind!r} on a machine without CUDA: CPU processes train '
                            'with DDPStrategy or FSDPStrategy (docs/training.md).')

@@ -362,6 +362,7 @@ def test_mmengine_keeps_syncbn_only_when_distributed(distributed):
 
 
 def test_setup_cpu_distributed(monkeypatch):
+    MMLogger.get_instance('test_setup_cpu_distributed')  # print_log's 'current' logger, made before
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     monkeypatch.setattr(dist, 'is_initialized', lambda: True)  # no process group needed here
     cfg = Config(dict(launcher='pytorch', env_cfg=dict(dist_cfg=dict(backend='nccl', timeout=60))))
@@ -369,6 +370,12 @@ def test_setup_cpu_distributed(monkeypatch):
     assert cfg.env_cfg.dist_cfg == dict(backend='gloo', timeout=60)
     assert cfg.model_wrapper_cfg == dict(type='CPUDistributedDataParallel',
                                          broadcast_buffers=False, find_unused_parameters=False)
+    flexible = Config(dict(launcher='pytorch', runner_type='FlexibleRunner',
+                           strategy=dict(type='DDPStrategy')))
+    setup_cpu_distributed(flexible)  # FlexibleRunner: the strategy's wrapper, not the Runner's
+    assert flexible.strategy.model_wrapper == dict(type='CPUDistributedDataParallel',
+                                                   broadcast_buffers=False)
+    assert 'model_wrapper_cfg' not in flexible
     single = Config(dict(launcher='none'))
     setup_cpu_distributed(single)
     assert 'model_wrapper_cfg' not in single

@@ -133,7 +133,9 @@ def _slurm_environment(port=None) -> None:
 def _cpu_strategy(cfg: Config) -> None:
     """A ``FlexibleRunner``'s strategy on CPU processes: its model wrapper without GPU ids
     (``CPUFullyShardedDataParallel`` for ``FSDPStrategy``, ``CPUDistributedDataParallel`` for
-    ``DDPStrategy``); FSDP refused at once on a torch that cannot run it on CPU."""
+    ``DDPStrategy``); FSDP refused at once on a torch that cannot run it on CPU;
+    ``DeepSpeedStrategy`` left to DeepSpeed's CPU accelerator (tried, not tested:
+    docs/training.md)."""
     if cfg.get('runner_type') != 'FlexibleRunner':
         return
     strategy = cfg.setdefault('strategy', {})

@@ -24,6 +24,7 @@ from deepvit_mm.runtime import setup_cpu_distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
+DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 
 
 def _free_port() -> int:
@@ -413,3 +414,37 @@ def test_fsdp_on_cpu_is_refused_at_once_where_torch_cannot(monkeypatch):
     assert cfg.strategy.model_wrapper.type == 'CPUFullyShardedDataParallel'
     assert cfg.strategy.state_dict_cfg.state_dict_config.offload_to_cpu is False
     assert 'model_wrapper_cfg' not in cfg  # the Runner's; FlexibleRunner reads the strategy's
+
+
+@needs_cpu_fsdp
+def test_fsdp_trains_a_cait_segmentor(tmp_path):
+    """configs/_base_/fsdp.py on an mmseg model with a CaiT backbone: the segmentation demo with
+    CaiT-XXS24 trains 2 steps on 2 CPU processes, one FSDP unit per block, and its whole
+    checkpoint holds the CaiT weights."""
+    from deepvit_tools.demo_data import make_ade_demo
+    data = tmp_path / 'ade'
+    make_ade_demo(str(data), num_train=4, num_val=1, size=128)
+    cfg = tmp_path / 'seg_fsdp.py'
+    cfg.write_text(textwrap.dedent(f"""
+        _base_ = [{DEMO_SEG!r}, {os.path.join(ROOT, 'configs', '_base_', 'fsdp.py')!r}]
+        custom_imports = dict(imports=['deepvit_mm', 'rank_dump_hook'], allow_failed_imports=False)
+        custom_hooks = [dict(type='RankDumpHook')]
+        model = dict(backbone=dict(_delete_=True, type='CaiT', arch='xxs24', init_cfg=None,
+                                   norm_cfg=dict(type='BN', requires_grad=True)),
+                     neck=dict(in_channels=[192] * 4))
+        """))
+    env = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='1', PORT=str(_free_port()),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', ''),
+               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, 'tests'), ROOT]))
+    work = tmp_path / 'work'
+    out = subprocess.run(
+        ['bash', os.path.join(ROOT, 'tools', 'dist_train.sh'), str(cfg), '2', '--work-dir',
+         str(work), '--cfg-options', f'train_dataloader.dataset.data_root={data}',
+         'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
+         'train_dataloader.persistent_workers=False', 'train_cfg.max_iters=2', 'val_cfg=None',
+         'val_dataloader=None', 'val_evaluator=None', 'default_hooks.checkpoint.interval=2'],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
+    assert read_checkpoint(str(work / 'rank0.pth'))['units'] == 24 + 1
+    saved = read_checkpoint(str(work / 'iter_2.pth'))['state_dict']
+    assert sum(k.startswith('backbone.trunk.blocks.') for k in saved) > 24 * 10

@@ -500,8 +500,13 @@ def test_op_breakdown_counts_the_block_products_and_sums_to_the_pass():
     assert sum(k['seconds'] for k in res['kinds'].values()) == pytest.approx(res['total_s'])
     assert {'matrix products', 'convolutions', 'GELU', 'normalisation'} <= res['kinds'].keys()
     assert res['kinds']['GELU']['elements'] >= 8 * 24 * 4 * 128  # the MLPs' hidden maps
+    conv = res['kinds']['convolutions']
+    assert conv['macs'] > 0 and conv['floor_s'] == pytest.approx(conv['macs'] / res['gemm_rate'])
+    assert res['kinds_floor_s'] == pytest.approx(sum(k['floor_s'] for k in res['kinds'].values()))
     lines = bm.breakdown_markdown(res)
-    assert lines[0].startswith('| work |') and any('**all**' in ln for ln in lines)
+    assert lines[0].startswith('| work |')
+    assert [ln.split('|')[7].split()[:2] for ln in lines if '**all**' in ln] == \
+        [['block', 'GEMMs'], ['sum', 'of']]
 
 
 def test_step_floors_count_every_product_of_each_part():

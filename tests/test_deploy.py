@@ -234,6 +234,10 @@ def test_detector_export_tool_matches_mmdet_boxes_on_held_out_images(tmp_path):
     data = make_shapes_coco(str(tmp_path / 'shapes'), num_train=1, num_val=4, size=128, seed=3)
     images = sorted(glob.glob(os.path.join(data['root'], 'val', '*.png')))
     opts = dict(SHALLOW, **{'model.backbone.arch': 'nano_12_p16'})
+    # the reference pools with mmcv's RoIAlign kernel (the demo's CPUSingleRoIExtractor equals it:
+    # tests/test_roi_extractor.py); the export is the same whichever extractor the config names
+    opts.update({f'model.roi_head.{k}_roi_extractor.type': 'SingleRoIExtractor'
+                 for k in ('bbox', 'mask')})
     model, task = load_model(DET_CFG, None, opts)
     _nontrivial_statistics(model)
     _decisive_random_weights(model)

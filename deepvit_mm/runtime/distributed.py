@@ -24,6 +24,7 @@ import datetime
 import os
 import shutil
 import subprocess
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -92,10 +93,7 @@ def setup_cpu_distributed(cfg: Config) -> None:
         dist_cfg['backend'] = 'gloo'
     env_cfg['dist_cfg'] = dist_cfg
     if cfg.get('runner_type') != 'FlexibleRunner':  # mmengine's Runner: model_wrapper_cfg
-        wrapper = dict(cfg.get('model_wrapper_cfg') or {})
-        if wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
-            wrapper['type'] = 'CPUDistributedDataParallel'
-        wrapper.setdefault('broadcast_buffers', False)
+        wrapper = _cpu_ddp_wrapper(cfg.get('model_wrapper_cfg'))
         wrapper.setdefault('find_unused_parameters', cfg.get('find_unused_parameters', False))
         cfg.model_wrapper_cfg = wrapper
     if not dist.is_initialized():
@@ -130,6 +128,17 @@ def _slurm_environment(port=None) -> None:
     os.environ['LOCAL_RANK'] = os.environ.get('SLURM_LOCALID', '0')
 
 
+def _cpu_ddp_wrapper(wrapper: Optional[dict]) -> dict:
+    """A DDP model-wrapper config (the Runner's ``model_wrapper_cfg`` or a ``DDPStrategy``'s
+    ``model_wrapper``) for CPU processes: mmengine's DDP becomes ``CPUDistributedDataParallel``,
+    buffers are not broadcast unless the config says so."""
+    wrapper = dict(wrapper or {})
+    if wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
+        wrapper['type'] = 'CPUDistributedDataParallel'
+    wrapper.setdefault('broadcast_buffers', False)
+    return wrapper
+
+
 def _cpu_strategy(cfg: Config) -> None:
     """A ``FlexibleRunner``'s strategy on CPU processes: its model wrapper without GPU ids
     (``CPUFullyShardedDataParallel`` for ``FSDPStrategy``, ``CPUDistributedDataParallel`` for
@@ -157,9 +166,7 @@ def _cpu_strategy(cfg: Config) -> None:
                 optim_state_dict_config=dict(type='FullOptimStateDictConfig', rank0_only=True,
                                              offload_to_cpu=False))
     elif kind == 'DDPStrategy':
-        if wrapper.get('type', 'MMDistributedDataParallel') == 'MMDistributedDataParallel':
-            wrapper['type'] = 'CPUDistributedDataParallel'
-        wrapper.setdefault('broadcast_buffers', False)
+        wrapper = _cpu_ddp_wrapper(wrapper)
     elif kind == 'DeepSpeedStrategy':
         return
     else:

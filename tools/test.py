@@ -12,9 +12,11 @@ from mmengine.runner import Runner  # noqa: E402
 from deepvit_mm.checkpoints import require_complete_model, resolve_checkpoint  # noqa: E402
 from deepvit_mm.runtime import (  # noqa: E402
     VIS_BACKENDS,
+    allocator_note,
     enable_tta,
     enable_visualization,
     keep_freed_cpu_memory,
+    preload_tcmalloc,
     prepare_config,
     set_vis_backends,
     setup_cpu_distributed,
@@ -50,8 +52,13 @@ def main():
     import torch
 
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
-    if not torch.cuda.is_available():
-        keep_freed_cpu_memory()  # large feature maps reuse freed pages (see its docstring)
+    malloc = None
+    if not torch.cuda.is_available():  # freed feature maps are reused, not faulted in again:
+        try:
+            malloc = preload_tcmalloc(__file__)  # restarts this tool with tcmalloc if the system has it
+        except FileNotFoundError as e:  # DEEPVIT_MALLOC names no file
+            sys.exit(str(e))
+        keep_freed_cpu_memory()  # on glibc: its threshold raised to 32 MiB
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)  # ~ expanded, URLs downloaded
     except (FileNotFoundError, RuntimeError) as e:
@@ -65,6 +72,8 @@ def main():
     if args.tta:
         enable_tta(cfg)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    if malloc:
+        runner.logger.info(allocator_note(malloc))
     with require_complete_model():  # a backbone-only checkpoint would evaluate to mAP 0
         runner.test()
 

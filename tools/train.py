@@ -12,8 +12,10 @@ from mmengine.runner import Runner  # noqa: E402
 from deepvit_mm.runtime import (  # noqa: E402
     VIS_BACKENDS,
     CheckpointWriteError,
+    allocator_note,
     fit_precision_to_device,
     keep_freed_cpu_memory,
+    preload_tcmalloc,
     prepare_config,
     set_vis_backends,
     setup_cpu_distributed,
@@ -47,14 +49,21 @@ def main():
     import torch
 
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
-    if not torch.cuda.is_available():
-        keep_freed_cpu_memory()  # large feature maps reuse freed pages (see its docstring)
+    malloc = None
+    if not torch.cuda.is_available():  # freed feature maps are reused, not faulted in again:
+        try:
+            malloc = preload_tcmalloc(__file__)  # restarts this tool with tcmalloc if the system has it
+        except FileNotFoundError as e:  # DEEPVIT_MALLOC names no file
+            sys.exit(str(e))
+        keep_freed_cpu_memory()  # on glibc: its threshold raised to 32 MiB
     cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
                          launcher=args.launcher, amp=args.amp, resume=args.resume)
     set_vis_backends(cfg, args.vis_backend)
     precision_note = fit_precision_to_device(cfg)  # float16 recipes on a machine without a GPU
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    if malloc:
+        runner.logger.info(allocator_note(malloc))
     if precision_note:
         runner.logger.warning(precision_note)
     try:

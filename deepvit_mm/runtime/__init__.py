@@ -7,10 +7,18 @@
 - ``fastest_step``: a training run in the precision and thread count measured fastest on this CPU;
 - ``distributed``: distributed runs on CPU processes (gloo) through mmengine's Runner;
 - ``sharded``: sharded training (FSDP) through mmengine's FlexibleRunner, on GPUs and CPUs;
-- ``allocator``: glibc malloc tuning for CPU runs;
+- ``allocator``: the CPU runs' malloc (tcmalloc preloaded by the tools, glibc tuned);
 - ``config``: reading a config and building its model as mmdet's and mmseg's tools do.
 """
-from .allocator import keep_freed_cpu_memory
+from .allocator import (
+    MALLOC_ENV,
+    allocator_note,
+    cpu_allocator,
+    find_tcmalloc,
+    keep_freed_cpu_memory,
+    preload_tcmalloc,
+    release_free_memory,
+)
 from .amp import CPUAmpOptimWrapper, fit_precision_to_device
 from .config import (
     VIS_BACKENDS,
@@ -41,6 +49,8 @@ __all__ = ['CheckConsumersHook', 'CrashSafeCheckpointHook', 'CheckpointWriteErro
            'CPUAmpOptimWrapper', 'fit_precision_to_device', 'FastestStepHook',
            'CPUDistributedDataParallel', 'setup_cpu_distributed',
            'CPUFullyShardedDataParallel', 'GlobalNormFSDPStrategy', 'columnar_block_policy',
-           'keep_freed_cpu_memory', 'prepare_config', 'task_of', 'task_registry', 'load_config',
+           'keep_freed_cpu_memory', 'cpu_allocator', 'find_tcmalloc', 'preload_tcmalloc',
+           'allocator_note', 'release_free_memory', 'MALLOC_ENV', 'prepare_config', 'task_of',
+           'task_registry', 'load_config',
            'build_from_config', 'num_classes_of', 'enable_visualization',
            'VIS_BACKENDS', 'set_vis_backends', 'enable_tta', 'build_inferencer']

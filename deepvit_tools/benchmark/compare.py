@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from deepvit_mm.deploy.parity import max_rel_err
+from deepvit_mm.runtime.allocator import release_free_memory
 
 from .baselines import BASELINES
 from .batches import backbone_input
@@ -126,6 +127,7 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
                 for k in mem_of:
                     res[f'{k}_mem_mib'] = peak_memory(runs[k], device)[0]
             else:
+                release_free_memory()  # what the timing freed: the fresh processes need it
                 for k in mem_of:
                     m = measure_isolated(Case(arch, size, batch, dtype, mode, device, threads,
                                               warmup=0, repeats=0, impl=k,

@@ -30,7 +30,8 @@ COMPARE_FIELDS = ['label', 'size', 'batch', 'pass', 'ours_ms', 'timm_ms', 'ratio
 
 
 def environment(device: str) -> Dict[str, str]:
-    """What the numbers depend on: versions, CPU/GPU, threads, load."""
+    """What the numbers depend on: versions, CPU/GPU, threads, the malloc, load."""
+    from deepvit_mm.runtime import cpu_allocator
     cpu = platform.processor() or platform.machine()
     try:
         with open('/proc/cpuinfo') as f:
@@ -38,7 +39,8 @@ def environment(device: str) -> Dict[str, str]:
     except OSError:
         pass
     env = dict(torch=torch.__version__, python=platform.python_version(), cpu=cpu,
-               cpu_count=str(os.cpu_count()), threads=str(torch.get_num_threads()))
+               cpu_count=str(os.cpu_count()), threads=str(torch.get_num_threads()),
+               malloc=cpu_allocator())
     if hasattr(os, 'getloadavg'):
         env['load_avg_1_5_15min'] = ' '.join(f'{v:.1f}' for v in os.getloadavg())
     if str(device).startswith('cuda') and torch.cuda.is_available():

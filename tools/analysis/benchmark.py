@@ -154,6 +154,9 @@ def main(argv=None):
     from deepvit_tools import benchmark as bm
     if args.device == 'auto':
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if args.device == 'cpu':  # as tools/train.py: tcmalloc when the system has it
+        from deepvit_mm.runtime import preload_tcmalloc
+        preload_tcmalloc(__file__)
     if args.threads == 0:
         args.threads = torch.get_num_threads()
     sizes = [bm.parse_size(s) for s in args.sizes]

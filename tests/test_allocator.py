@@ -61,10 +61,11 @@ def test_find_tcmalloc_follows_the_setting(tmp_path, monkeypatch):
     monkeypatch.setenv(MALLOC_ENV, str(tmp_path / 'nope.so'))
     with pytest.raises(FileNotFoundError, match='no such file.*"glibc" to keep'):
         find_tcmalloc()
-    monkeypatch.setenv(MALLOC_ENV, 'auto')
     monkeypatch.delenv('CONDA_PREFIX', raising=False)
     monkeypatch.setenv('VIRTUAL_ENV', str(tmp_path))  # an environment that ships one comes first
-    assert find_tcmalloc() == str(lib)
+    for auto in ('auto', 'tcmalloc', ''):
+        monkeypatch.setenv(MALLOC_ENV, auto)
+        assert find_tcmalloc() == str(lib)
 
 
 def test_allocator_note_says_what_to_do(monkeypatch):

@@ -11,7 +11,7 @@ A library cannot swap the allocator of a running process: the tools (``tools/tra
 ``tools/test.py``, the benchmark tools) call :func:`preload_tcmalloc` first thing, which starts
 the tool again with tcmalloc in ``LD_PRELOAD`` when it finds one. ``DEEPVIT_MALLOC`` decides:
 
-* unset or ``auto``: tcmalloc if the system has it (``libtcmalloc_minimal.so.4`` or
+* unset, ``auto`` or ``tcmalloc``: tcmalloc if the system has it (``libtcmalloc_minimal.so.4`` or
   ``libtcmalloc.so.4``: ``apt install libtcmalloc-minimal4``, ``dnf install gperftools-libs``,
   ``conda install -c conda-forge gperftools``), else glibc with :func:`keep_freed_cpu_memory`;
 * ``glibc``: the system's malloc, never restarted;
@@ -57,9 +57,9 @@ def find_tcmalloc() -> Optional[str]:
         FileNotFoundError: ``DEEPVIT_MALLOC`` names a file that does not exist.
     """
     choice = os.environ.get(MALLOC_ENV, 'auto').strip()
-    if choice.lower() in ('glibc', 'system'):
+    if choice.lower() == 'glibc':
         return None
-    if choice.lower() not in ('', 'auto'):
+    if choice.lower() not in ('', 'auto', 'tcmalloc'):
         if not os.path.isfile(choice):
             raise FileNotFoundError(
                 f'{MALLOC_ENV}={choice!r}: no such file. Give the path of a tcmalloc library '

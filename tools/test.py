@@ -15,11 +15,10 @@ from deepvit_mm.runtime import (  # noqa: E402
     allocator_note,
     enable_tta,
     enable_visualization,
-    keep_freed_cpu_memory,
-    preload_tcmalloc,
     prepare_config,
     set_vis_backends,
     setup_cpu_distributed,
+    setup_cpu_malloc,
 )
 
 
@@ -52,13 +51,8 @@ def main():
     import torch
 
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
-    malloc = None
-    if not torch.cuda.is_available():  # freed feature maps are reused, not faulted in again:
-        try:
-            malloc = preload_tcmalloc(__file__)  # restarts this tool with tcmalloc if the system has it
-        except FileNotFoundError as e:  # DEEPVIT_MALLOC names no file
-            sys.exit(str(e))
-        keep_freed_cpu_memory()  # on glibc: its threshold raised to 32 MiB
+    # CPU: freed feature maps reused, not faulted in again (restarts this tool on tcmalloc if any)
+    malloc = None if torch.cuda.is_available() else setup_cpu_malloc(__file__)
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)  # ~ expanded, URLs downloaded
     except (FileNotFoundError, RuntimeError) as e:

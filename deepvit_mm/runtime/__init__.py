@@ -18,6 +18,7 @@ from .allocator import (
     keep_freed_cpu_memory,
     preload_tcmalloc,
     release_free_memory,
+    setup_cpu_malloc,
 )
 from .amp import CPUAmpOptimWrapper, fit_precision_to_device
 from .config import (
@@ -50,7 +51,7 @@ __all__ = ['CheckConsumersHook', 'CrashSafeCheckpointHook', 'CheckpointWriteErro
            'CPUDistributedDataParallel', 'setup_cpu_distributed',
            'CPUFullyShardedDataParallel', 'GlobalNormFSDPStrategy', 'columnar_block_policy',
            'keep_freed_cpu_memory', 'cpu_allocator', 'find_tcmalloc', 'preload_tcmalloc',
-           'allocator_note', 'release_free_memory', 'MALLOC_ENV', 'prepare_config', 'task_of',
-           'task_registry', 'load_config',
+           'setup_cpu_malloc', 'allocator_note', 'release_free_memory', 'MALLOC_ENV',
+           'prepare_config', 'task_of', 'task_registry', 'load_config',
            'build_from_config', 'num_classes_of', 'enable_visualization',
            'VIS_BACKENDS', 'set_vis_backends', 'enable_tta', 'build_inferencer']

@@ -25,7 +25,7 @@ import sys
 from typing import Optional
 
 __all__ = ['keep_freed_cpu_memory', 'cpu_allocator', 'find_tcmalloc', 'preload_tcmalloc',
-           'allocator_note', 'release_free_memory', 'MALLOC_ENV']
+           'setup_cpu_malloc', 'allocator_note', 'release_free_memory', 'MALLOC_ENV']
 
 MALLOC_ENV = 'DEEPVIT_MALLOC'
 _RESTARTED_ENV = 'DEEPVIT_MALLOC_RESTARTED'  # set on the restart: never restart twice
@@ -94,12 +94,19 @@ def preload_tcmalloc(script: str) -> Optional[str]:
 
     Returns:
         The allocator this process runs on (``cpu_allocator()``) when it goes on here.
+
+    Raises:
+        SystemExit: ``DEEPVIT_MALLOC`` names a file that does not exist (the message says what
+            to give instead).
     """
     current = cpu_allocator()
     if (not sys.platform.startswith('linux') or current != 'glibc'
             or os.environ.get(_RESTARTED_ENV) or not _runs_as(script)):
         return current
-    library = find_tcmalloc()
+    try:
+        library = find_tcmalloc()
+    except FileNotFoundError as e:  # DEEPVIT_MALLOC names no file: the tool stops, saying so
+        raise SystemExit(str(e)) from None
     if library is None:
         return current
     env = dict(os.environ, **{_RESTARTED_ENV: '1'})
@@ -109,6 +116,19 @@ def preload_tcmalloc(script: str) -> Optional[str]:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)
+
+
+def setup_cpu_malloc(script: str) -> str:
+    """A training or test tool's CPU run: restarted on tcmalloc when the system has it
+    (:func:`preload_tcmalloc`), else glibc kept from returning freed memory below 32 MiB
+    (:func:`keep_freed_cpu_memory`).
+
+    Returns:
+        The allocator the run goes on with (what :func:`allocator_note` reports).
+    """
+    malloc = preload_tcmalloc(script)
+    keep_freed_cpu_memory()
+    return malloc
 
 
 def release_free_memory() -> bool:

@@ -13,6 +13,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from deepvit_mm.runtime.allocator import cpu_allocator
+
 from .measure import COMPARE_MODES, DTYPES
 
 __all__ = ['environment', 'fmt', 'size_str', 'markdown_table', 'benchmark_markdown',
@@ -31,7 +33,6 @@ COMPARE_FIELDS = ['label', 'size', 'batch', 'pass', 'ours_ms', 'timm_ms', 'ratio
 
 def environment(device: str) -> Dict[str, str]:
     """What the numbers depend on: versions, CPU/GPU, threads, the malloc, load."""
-    from deepvit_mm.runtime import cpu_allocator
     cpu = platform.processor() or platform.machine()
     try:
         with open('/proc/cpuinfo') as f:

@@ -1,13 +1,13 @@
 # The README's two commands. Each first runs tools/setup_env.sh, which creates/uses the stack's
 # virtualenv (or the active one) and installs whatever is missing. STACK=newest (default: torch
-# 2.13.0, .venv) or STACK=torch2.1 (torch 2.1.2 + numpy < 2, .venv-torch2.1): the two stacks CI tests.
+# 2.13.0, .venv) or STACK=torch2.1 (torch 2.1.0 + numpy < 2, .venv-torch2.1): the two stacks CI tests.
 STACK ?= newest
 VENV := $(if $(filter torch2.1,$(STACK)),.venv-torch2.1,.venv)
 PY := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV)/bin/python,$(CURDIR)/$(VENV)/bin/python)
 DEMO_CFG := configs/demo/mask_rcnn_xcit_nano_12_p8_shapes_cpu.py
 DEMO_DIR := work_dirs/demo
 
-.PHONY: setup demo test lint
+.PHONY: setup demo test test-avx2 lint
 
 setup:
 	STACK=$(STACK) bash tools/setup_env.sh
@@ -29,5 +29,15 @@ demo: setup
 lint: setup
 	$(PY) -m ruff check deepvit_mm deepvit_tools tools tests configs demo
 
+# The whole suite, then the tests marked `numerics` (their bounds depend on the CPU's kernels) again
+# on torch's and oneDNN's AVX2 kernels, as an AVX2-only CPU (most laptops) runs them.
+# `make test-avx2 AVX2_TESTS=` runs the whole suite on the AVX2 kernels.
+AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+AVX2_TESTS ?= -m numerics
+
 test: setup lint
 	$(PY) -m pytest -q tests
+	$(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests
+
+test-avx2: setup
+	$(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests

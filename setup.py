@@ -93,6 +93,7 @@ setup(
     include_package_data=True,
     package_data={'deepvit_mm': _mim_files()},
     install_requires=_requirements('mmengine', 'mmdet', 'mmsegmentation', 'timm') + [
+        'packaging',  # deepvit_mm.version compares versions by PEP 440
         'safetensors',
         'pycocotools',
         'ftfy',  # mmseg.utils imports them

@@ -8,19 +8,19 @@ break inside the ranges, and checked here: numpy 2 beside a torch compiled again
 from importlib import metadata
 from typing import Dict, List, Optional
 
-from .version import FLOORS, LIMITS, SUPPORTED, TESTED, release
+from .version import FLOORS, LIMITS, SUPPORTED, TESTED, release, supported
 
 __all__ = ['check_versions', 'version_problems', 'numpy_problem', 'tested_versions']
 
 FIX = ('Set up a tested stack: `make setup` (torch 2.13.0) or `make setup STACK=torch2.1` (torch '
-       '2.1.2, numpy < 2), or in an existing environment pin the rest with its constraints: '
+       '2.1.0, numpy < 2), or in an existing environment pin the rest with its constraints: '
        'pip install -c requirements/constraints.txt -e .  (torch 2.1: '
        '-c requirements/constraints-torch2.1.txt; mmcv: MMCV_WITH_OPS=1 pip install '
        '--no-build-isolation mmcv==2.1.0, or OpenMMLab\'s wheel for your torch)')
 
 
 def tested_versions(pkg: str) -> str:
-    """``'2.1.2 and 2.13.0'``: the versions of ``pkg`` in the tested stacks."""
+    """``'2.1.0 and 2.13.0'``: the versions of ``pkg`` in the tested stacks."""
     return ' and '.join(sorted({s[pkg] for s in TESTED.values()}, key=release))
 
 
@@ -38,8 +38,8 @@ def version_problems(installed: Optional[Dict[str, Optional[str]]] = None) -> Li
         need = f'need >={lo},<{hi}; tested: {tested_versions(pkg)}'
         if v is None:
             problems.append(f'{pkg} is not installed ({need})')
-        elif not release(lo) <= release(v) < release(hi):
-            reasons = LIMITS if release(v) >= release(hi) else FLOORS
+        elif not supported(pkg, v):
+            reasons = LIMITS if release(v) >= release(lo) else FLOORS
             why = f': {reasons[pkg]}' if pkg in reasons else ''
             problems.append(f'{pkg} {v} is not supported ({need}){why}')
     return problems

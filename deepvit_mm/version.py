@@ -1,12 +1,16 @@
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
 __version__ = '0.1.0'
 
 # The two stacks CI installs and runs the whole test suite on (`.ci/run`: `make test` and
 # `make test STACK=torch2.1`), each pinned in full by its two files: torch, and the rest.
-# torch2.1: the newest torch OpenMMLab publishes mmcv 2.1.0 wheels for, so the stack most mmdet 3 /
-# mmseg 1 users have; with the oldest mmengine and timm accepted. newest: today's releases.
+# torch2.1: torch 2.1.0, the release OpenMMLab's prebuilt mmcv 2.1.0 wheels for torch 2.1 are built
+# against, so the stack most mmdet 3 / mmseg 1 users have, with the oldest mmengine and timm
+# accepted. newest: today's releases.
 TESTED = {
     'torch2.1': dict(files=('requirements/torch2.1.txt', 'requirements/constraints-torch2.1.txt'),
-                     torch='2.1.2', torchvision='0.16.2', numpy='1.26.4', mmcv='2.1.0',
+                     torch='2.1.0', torchvision='0.16.0', numpy='1.26.4', mmcv='2.1.0',
                      mmengine='0.10.3', mmdet='3.3.0', mmsegmentation='1.2.2', timm='1.0.16'),
     'newest': dict(files=('requirements/torch.txt', 'requirements/constraints.txt'),
                    torch='2.13.0', torchvision='0.28.0', numpy='2.4.6', mmcv='2.1.0',
@@ -18,8 +22,8 @@ TESTED = {
 # two stacks take the code paths of one of them (deepvit_mm/compat/torch.py picks by feature, not
 # by version); what is known to break in between is checked by deepvit_mm/_deps.py.
 SUPPORTED = {
-    'torch': ('2.1.2', '2.14.0'),
-    'torchvision': ('0.16.2', '0.29.0'),
+    'torch': ('2.1.0', '2.14.0'),
+    'torchvision': ('0.16.0', '0.29.0'),
     'mmcv': ('2.1.0', '2.2.0'),
     'mmengine': ('0.10.3', '0.11.0'),
     'mmdet': ('3.3.0', '3.4.0'),
@@ -29,13 +33,19 @@ SUPPORTED = {
 
 
 
-def release(version: str) -> tuple:
-    """``'2.1.2+cu121'`` -> ``(2, 1, 2)``: the first three numeric parts of a version, for the
-    comparisons against ``SUPPORTED`` (here, in deepvit_mm/_deps.py, compat/torch.py and
-    tools/setup_env.sh, which reads this file without importing the package)."""
-    out = [int(''.join(c for c in part if c.isdigit()) or 0)
-           for part in version.split('+')[0].split('.')[:3]]
-    return tuple(out + [0] * (3 - len(out)))
+def release(version: str) -> Version:
+    """``'2.1.0+cu118'`` -> ``Version('2.1.0+cu118')``: a version parsed as PEP 440 reads it
+    (``packaging``), so that pre-releases, post-releases and local builds compare right."""
+    return Version(version)
+
+
+def supported(pkg: str, version: str) -> bool:
+    """Whether ``import deepvit_mm`` accepts ``version`` of ``pkg``: within ``SUPPORTED[pkg]``
+    (lower inclusive, upper exclusive) by PEP 440, local builds (``+cu118``) included; a
+    pre-release is accepted inside the range, never one of the upper bound (``2.14.0rc1`` is
+    outside ``<2.14.0``)."""
+    lo, hi = SUPPORTED[pkg]
+    return SpecifierSet(f'>={lo},<{hi}').contains(version, prereleases=True)
 
 
 # Why the range ends where it does, where more than "not tested" is known (measured 2026-11-25).

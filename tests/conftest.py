@@ -41,6 +41,35 @@ EARLY = (0, 1, 2, 3)
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def pytest_report_header(config):
+    """The CPU and the kernels torch runs on it, at the top of every run's report."""
+    return f'cpu: {cpu_model()}; torch kernels: {torch.backends.cpu.get_cpu_capability()}'
+
+
+def pytest_configure(config):
+    """``ATEN_CPU_CAPABILITY`` (as ``make test-avx2`` sets it) must have taken effect: a torch
+    that ignored it would run the AVX-512 kernels under the AVX2 run's name."""
+    want = os.environ.get('ATEN_CPU_CAPABILITY')
+    have = torch.backends.cpu.get_cpu_capability()
+    if want and want.upper() != have.upper():
+        raise pytest.UsageError(f'ATEN_CPU_CAPABILITY={want} but torch runs its {have} kernels')
+
+
+def cpu_model() -> str:
+    """``/proc/cpuinfo``'s model name and its AVX-512 / AMX flags, as the figures name a CPU."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            info = f.read()
+    except OSError:
+        return 'unknown'
+    model = next((line.split(':', 1)[1].strip() for line in info.splitlines()
+                  if line.startswith('model name')), 'unknown')
+    flags = next((line.split(':', 1)[1].split() for line in info.splitlines()
+                  if line.startswith('flags')), [])
+    shown = [f for f in ('avx2', 'avx512f', 'avx512_bf16', 'avx512_fp16', 'amx_bf16') if f in flags]
+    return f"{model} ({' '.join(shown)})"
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

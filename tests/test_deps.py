@@ -48,9 +48,15 @@ def test_constraints_files_pin_the_tested_stacks():
 
 @pytest.mark.parametrize('pkg,version,expect', [
     ('mmcv', '2.2.0', 'mmcv 2.2.0 is not supported (need >=2.1.0,<2.2.0; tested: 2.1.0): mmdet 3.3.0'),
-    ('torch', '2.14.1', 'torch 2.14.1 is not supported (need >=2.1.2,<2.14.0; tested: 2.1.2 and '
+    ('torch', '2.14.1', 'torch 2.14.1 is not supported (need >=2.1.0,<2.14.0; tested: 2.1.0 and '
                         '2.13.0): torch 2.14 cannot build mmcv 2.1.0'),
-    ('torch', '2.0.1', 'torch 2.0.1 is not supported (need >=2.1.2,<2.14.0; tested: 2.1.2 and 2.13.0)'),
+    ('torch', '2.14.0rc1', 'torch 2.14.0rc1 is not supported (need >=2.1.0,<2.14.0; tested: 2.1.0 '
+                           'and 2.13.0): torch 2.14 cannot build mmcv 2.1.0'),
+    ('torch', '2.14.0.dev20260101+cpu', 'torch 2.14.0.dev20260101+cpu is not supported'),
+    ('torch', '2.0.1', 'torch 2.0.1 is not supported (need >=2.1.0,<2.14.0; tested: 2.1.0 and 2.13.0)'),
+    ('torch', '2.1.0rc1', 'torch 2.1.0rc1 is not supported (need >=2.1.0,'),
+    ('timm', '1.0.16rc2', 'timm 1.0.16rc2 is not supported (need >=1.0.16,<1.1.0; tested: 1.0.16 and '
+                          '1.0.31): timm before 1.0.16 ignores gradient checkpointing'),
     ('mmengine', '0.10.2', 'mmengine 0.10.2 is not supported (need >=0.10.3,<0.11.0; tested: 0.10.3 '
                            'and 0.10.7)'),
     ('timm', '1.0.15', 'timm 1.0.15 is not supported (need >=1.0.16,<1.1.0; tested: 1.0.16 and '
@@ -64,6 +70,16 @@ def test_unsupported_versions_named(pkg, version, expect):
     assert len(problems) == 1 and problems[0].startswith(expect)
     if version == '2.0.1':  # a limit's reason is given only above the range
         assert LIMITS['torch'] not in problems[0]
+
+
+@pytest.mark.parametrize('pkg,version', [
+    ('torch', '2.1.0'), ('torch', '2.1.0+cu118'), ('torch', '2.1.2+cu121'), ('torch', '2.13.0+cpu'),
+    ('torch', '2.13.1'), ('torch', '2.13.0rc1'), ('torchvision', '0.16.0+cu118'),
+    ('timm', '1.0.31'), ('timm', '1.0.20.dev0'), ('mmengine', '0.10.7.post1')])
+def test_supported_versions_by_pep440(pkg, version):
+    """Local builds and pre-/post-releases inside the range are accepted (compared by
+    ``packaging``, not by their digits: ``1.0.16rc2`` once read as ``1.0.162``)."""
+    assert version_problems(dict(_stack('newest'), **{pkg: version})) == []
 
 
 def test_fix_says_what_to_run():

@@ -4,8 +4,8 @@
 #
 #   STACK=newest (default)   torch 2.13.0 + torchvision 0.28.0 (requirements/torch.txt), the rest
 #                            pinned by requirements/constraints.txt, in .venv
-#   STACK=torch2.1           torch 2.1.2 + torchvision 0.16.2 (requirements/torch2.1.txt, the newest
-#                            torch OpenMMLab publishes mmcv 2.1.0 wheels for) + numpy < 2, the rest
+#   STACK=torch2.1           torch 2.1.0 + torchvision 0.16.0 (requirements/torch2.1.txt, the release
+#                            OpenMMLab's mmcv 2.1.0 wheels for torch 2.1 are built against) + numpy < 2, the rest
 #                            pinned by requirements/constraints-torch2.1.txt, in .venv-torch2.1
 #
 #   - the active virtualenv instead, if one is active; there a supported torch that imports is kept,
@@ -49,7 +49,8 @@ fi
 
 t0=$(date +%s)
 pin() { grep -h -E "^$1[=<>!~]" "$CONSTRAINTS" "$TORCH" | head -1; }
-"${PIP[@]}" -q "$(pin setuptools)" "$(pin wheel)"
+# packaging: deepvit_mm/version.py compares versions with it (read below without the package)
+"${PIP[@]}" -q "$(pin setuptools)" "$(pin wheel)" "$(pin packaging)"
 
 # torch: keep a supported one that works (torchvision's compiled ops included), else install the
 # stack's. The supported range is read from deepvit_mm/version.py.
@@ -58,8 +59,7 @@ import sys, torch, torchvision
 from torchvision.ops import nms
 ns = {}
 exec(open('deepvit_mm/version.py').read(), ns)
-rel, (lo, hi) = ns['release'], ns['SUPPORTED']['torch']
-sys.exit(0 if rel(lo) <= rel(torch.__version__) < rel(hi) else 1)
+sys.exit(0 if ns['supported']('torch', torch.__version__) else 1)
 PYEOF
 then
   TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)')

@@ -16,6 +16,7 @@ from deepvit_mm.runtime import (  # noqa: E402
     enable_tta,
     enable_visualization,
     prepare_config,
+    set_test_out,
     set_vis_backends,
     setup_cpu_distributed,
     setup_cpu_malloc,
@@ -28,15 +29,20 @@ def parse_args():
     parser.add_argument('checkpoint', help='checkpoint: a .pth or .safetensors file, or an '
                                            'http(s):// URL (downloaded once to the torch hub cache)')
     parser.add_argument('--work-dir', help='where logs and metrics go')
+    parser.add_argument('--out', help='keep the predictions for offline evaluation: mmdet configs '
+                                      'a .pkl file (mmdet\'s DumpDetResults, what its '
+                                      'tools/analysis_tools read), mmseg configs a folder of '
+                                      'class-index .png files')
     parser.add_argument('--show-dir', help='draw predictions into this folder (for mmdet: '
                                            'under work_dir/<timestamp>/)')
     parser.add_argument('--show', action='store_true', help='show predictions in a window')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds each window shows')
     parser.add_argument('--tta', action='store_true',
                         help='test-time augmentation: the config\'s tta_model and tta_pipeline')
-    parser.add_argument('--vis-backend', nargs='+', choices=sorted(VIS_BACKENDS),
-                        help='where scalars and drawn predictions go: local (work_dir/<timestamp>/'
-                             'vis_data) and/or tensorboard (event files there)')
+    parser.add_argument('--vis-backend', nargs='+', metavar='NAME',
+                        help='where scalars and drawn predictions go, any of '
+                             f'{", ".join(VIS_BACKENDS)} (mmengine\'s backends; local: '
+                             'work_dir/<timestamp>/vis_data, tensorboard: event files there)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
@@ -57,9 +63,13 @@ def main():
         checkpoint = resolve_checkpoint(args.checkpoint)  # ~ expanded, URLs downloaded
     except (FileNotFoundError, RuntimeError) as e:
         sys.exit(str(e))
-    cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
-                         launcher=args.launcher, load_from=checkpoint)
-    set_vis_backends(cfg, args.vis_backend)
+    try:  # a wrong --out, a missing package: one line, before testing starts
+        cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
+                             launcher=args.launcher, load_from=checkpoint)
+        set_vis_backends(cfg, args.vis_backend)
+        set_test_out(cfg, args.out)
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        sys.exit(str(e))
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     if args.show or args.show_dir:
         enable_visualization(cfg, args.show_dir, args.show, args.wait_time)

@@ -28,12 +28,16 @@ def parse_args():
     parser.add_argument('--amp', action='store_true',
                         help='mixed precision: float16 on GPU, bfloat16 on CPU (the Mask R-CNN recipes '
                              'train in float16 on GPU without it)')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help='scale the lr by (GPUs x samples per GPU) / the config\'s '
+                             'auto_scale_lr.base_batch_size, as mmdet does')
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from this checkpoint, or (no value) from the latest one in '
                              'the work dir')
-    parser.add_argument('--vis-backend', nargs='+', choices=sorted(VIS_BACKENDS),
-                        help='where scalars and drawn predictions go: local (work_dir/<timestamp>/'
-                             'vis_data) and/or tensorboard (event files there)')
+    parser.add_argument('--vis-backend', nargs='+', metavar='NAME',
+                        help='where scalars and drawn predictions go, any of '
+                             f'{", ".join(VIS_BACKENDS)} (mmengine\'s backends; local: '
+                             'work_dir/<timestamp>/vis_data, tensorboard: event files there)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. train_cfg.max_iters=100')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
@@ -50,9 +54,13 @@ def main():
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
     # CPU: freed feature maps reused, not faulted in again (restarts this tool on tcmalloc if any)
     malloc = None if torch.cuda.is_available() else setup_cpu_malloc(__file__)
-    cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
-                         launcher=args.launcher, amp=args.amp, resume=args.resume)
-    set_vis_backends(cfg, args.vis_backend)
+    try:  # a missing config entry or package: one line, before training starts
+        cfg = prepare_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
+                             launcher=args.launcher, amp=args.amp, resume=args.resume,
+                             auto_scale_lr=args.auto_scale_lr)
+        set_vis_backends(cfg, args.vis_backend)
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        sys.exit(str(e))
     precision_note = fit_precision_to_device(cfg)  # float16 recipes on a machine without a GPU
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)

@@ -1,8 +1,8 @@
 """The PyTorch APIs that differ between the oldest and newest torch deepvit_mm supports.
 
-Tested at both ends (``deepvit_mm.version.TESTED``): torch 2.1.2, the newest torch OpenMMLab
-publishes mmcv 2.1.0 wheels for, and torch 2.13.0. Each function picks the API by what the
-installed torch has (feature detection, not a version table), so a torch in between takes
+Tested at both ends (``deepvit_mm.version.TESTED``): torch 2.1.0, the release OpenMMLab's
+mmcv 2.1.0 wheels for torch 2.1 are built against, and torch 2.13.0. Each function picks the API
+by what the installed torch has (feature detection, not a version table), so a torch in between takes
 whichever of the two tested paths its API supports; ONNX export alone goes by version, as a torch
 in between was measured to have the API and fail.
 
@@ -36,7 +36,7 @@ in between was measured to have the API and fail.
 * ``add_bias``: ``y + bias`` whose bias gradient is summed in float32 (torch 2.1's CPU bfloat16
   autocast sums it in bfloat16).
 
-Private torch APIs, each with the reason it is used and the releases it was tested on (2.1.2,
+Private torch APIs, each with the reason it is used and the releases it was tested on (2.1.0,
 2.13.0):
 
 * ``in_backward``: ``torch._C._current_graph_task_id``, as ``torch.utils.checkpoint`` uses it.
@@ -65,7 +65,9 @@ __all__ = [
 ]
 
 
-TORCH_VERSION = release(torch.__version__)
+#: the running torch's release number, ``(2, 13, 0)`` for ``2.13.0+cpu`` and ``2.13.0rc1`` alike:
+#: features are gated by release, and a pre-release or vendor build of one has its features
+TORCH_VERSION = release(torch.__version__).release
 
 
 def is_compiling() -> bool:
@@ -272,7 +274,7 @@ def onnx_dynamo_export_problem() -> Optional[str]:
     """None if ONNX export works with this torch (``FEATURE_FLOORS['ONNX export']``), else what to
     do instead."""
     _, lowest, known = FEATURE_FLOORS['ONNX export']
-    if TORCH_VERSION >= release(lowest):
+    if TORCH_VERSION >= release(lowest).release:
         return None
     return (f'ONNX export uses torch.onnx.export(dynamo=True) (torch.export and onnxscript) and is '
             f'tested with torch {lowest}; torch {torch.__version__} cannot export these models '
@@ -284,7 +286,7 @@ def cpu_fsdp_problem() -> Optional[str]:
     """None if FullyShardedDataParallel runs on CPU processes with this torch
     (``FEATURE_FLOORS['sharded training on CPU']``), else why not and what to do instead."""
     _, lowest, known = FEATURE_FLOORS['sharded training on CPU']
-    if TORCH_VERSION >= release(lowest):
+    if TORCH_VERSION >= release(lowest).release:
         return None
     return (f'sharded training (FSDPStrategy) on CPU is tested with torch {lowest}; '
             f'{known}. Train with DDP there (tools/dist_train.sh without the FSDP config), or '

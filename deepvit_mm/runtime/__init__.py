@@ -22,17 +22,24 @@ from .allocator import (
 )
 from .amp import CPUAmpOptimWrapper, fit_precision_to_device
 from .config import (
+    PALETTES,
     VIS_BACKENDS,
     build_from_config,
     build_inferencer,
+    enable_auto_scale_lr,
     enable_tta,
     enable_visualization,
     load_config,
+    model_index,
     num_classes_of,
     prepare_config,
+    resolve_model,
+    run_inferencer,
+    set_test_out,
     set_vis_backends,
     task_of,
     task_registry,
+    vis_backend_types,
 )
 from .distributed import CPUDistributedDataParallel, setup_cpu_distributed
 from .fastest_step import FastestStepHook
@@ -54,4 +61,6 @@ __all__ = ['CheckConsumersHook', 'CrashSafeCheckpointHook', 'CheckpointWriteErro
            'setup_cpu_malloc', 'allocator_note', 'release_free_memory', 'MALLOC_ENV',
            'prepare_config', 'task_of', 'task_registry', 'load_config',
            'build_from_config', 'num_classes_of', 'enable_visualization',
-           'VIS_BACKENDS', 'set_vis_backends', 'enable_tta', 'build_inferencer']
+           'VIS_BACKENDS', 'vis_backend_types', 'set_vis_backends', 'enable_tta',
+           'enable_auto_scale_lr', 'set_test_out', 'model_index', 'resolve_model', 'PALETTES',
+           'build_inferencer', 'run_inferencer']

@@ -2,6 +2,7 @@
 ``tools/test.py``, ONNX export (``deepvit_mm.deploy``) and the tools' measuring harness use it."""
 import contextlib
 import copy
+import importlib.util
 import os.path as osp
 from typing import Optional, Sequence, Tuple
 
@@ -14,8 +15,10 @@ from mmengine.logging import print_log
 from ..consumers import check_model
 
 __all__ = ['task_of', 'task_registry', 'load_config', 'build_from_config', 'num_classes_of',
-           'prepare_config', 'enable_visualization', 'VIS_BACKENDS', 'set_vis_backends',
-           'TTA_SCALE_RATIOS', 'enable_tta', 'build_inferencer']
+           'prepare_config', 'enable_auto_scale_lr', 'set_test_out', 'enable_visualization',
+           'VIS_BACKENDS', 'vis_backend_types', 'set_vis_backends', 'TTA_SCALE_RATIOS',
+           'enable_tta', 'model_index', 'resolve_model', 'PALETTES', 'build_inferencer',
+           'run_inferencer']
 
 
 def task_of(cfg: Config) -> str:
@@ -109,8 +112,9 @@ def num_classes_of(model: nn.Module, task: str) -> int:
 
 def prepare_config(config: str, *, work_dir: Optional[str] = None, cfg_options=None,
                    launcher: str = 'none', amp: bool = False, resume: Optional[str] = None,
-                   load_from: Optional[str] = None) -> Config:
-    """Read ``config`` and apply the usual mm command-line options (as mmdet/mmseg tools do)."""
+                   load_from: Optional[str] = None, auto_scale_lr: bool = False) -> Config:
+    """Read ``config`` and apply the usual mm command-line options (as mmdet/mmseg tools do);
+    ``auto_scale_lr``: ``tools/train.py --auto-scale-lr`` (``enable_auto_scale_lr``)."""
     if not osp.isfile(config):
         raise FileNotFoundError(f'config not found: {config!r}')
     cfg = Config.fromfile(config)
@@ -138,7 +142,59 @@ def prepare_config(config: str, *, work_dir: Optional[str] = None, cfg_options=N
         cfg.resume, cfg.load_from = True, resume
     if load_from is not None:
         cfg.load_from = load_from
+    if auto_scale_lr:
+        enable_auto_scale_lr(cfg)
     return cfg
+
+
+def enable_auto_scale_lr(cfg: Config) -> None:
+    """Scale the lr to the batch the run trains with (``tools/train.py --auto-scale-lr``, as in
+    mmdet): ``cfg.auto_scale_lr.enable = True``, and mmengine's Runner multiplies every lr by
+    (processes x ``train_dataloader.batch_size``) / ``auto_scale_lr.base_batch_size`` before
+    training. The recipes state their base batch (16: 8 GPUs x 2 images).
+
+    Raises:
+        ValueError: the config has no ``auto_scale_lr.base_batch_size``; the message says what to
+            add.
+    """
+    scale = cfg.get('auto_scale_lr')
+    if not isinstance(scale, dict) or 'base_batch_size' not in scale:
+        raise ValueError(
+            '--auto-scale-lr: the config does not say which batch its lr was set for; add '
+            '`auto_scale_lr = dict(enable=False, base_batch_size=N)` to it, N = GPUs x images '
+            'per GPU of that batch (e.g. 16 for 8 GPUs x 2)')
+    cfg.auto_scale_lr.enable = True
+
+
+def set_test_out(cfg: Config, out: Optional[str]) -> None:
+    """Keep the test predictions for offline evaluation (``tools/test.py --out``), as mmdet's and
+    mmseg's own ``tools/test.py --out`` do.
+
+    mmdet configs: ``out`` is a ``.pkl``/``.pickle`` file written by mmdet's ``DumpDetResults``
+    metric (masks RLE-encoded; what mmdet's ``tools/analysis_tools`` read), added after the
+    config's metrics. mmseg configs: ``out`` is a folder, the test metrics' ``output_dir`` (one
+    ``.png`` of class indices an image), with ``keep_results=True``.
+
+    Args:
+        cfg (Config): Changed in place.
+        out (str, optional): None leaves the config as it is.
+
+    Raises:
+        ValueError: an mmdet config and ``out`` not a ``.pkl``/``.pickle`` file.
+    """
+    if out is None:
+        return
+    evaluators = cfg.test_evaluator if isinstance(cfg.test_evaluator, (list, tuple)) \
+        else [cfg.test_evaluator]
+    if task_of(cfg) == 'det':
+        if not out.endswith(('.pkl', '.pickle')):
+            raise ValueError(f'--out {out!r}: for an mmdet config the predictions go to a .pkl or '
+                             '.pickle file (mmseg configs take a folder)')
+        cfg.test_evaluator = list(evaluators) + [dict(type='DumpDetResults', out_file_path=out)]
+    else:
+        for ev in evaluators:
+            ev['output_dir'] = out
+            ev['keep_results'] = True
 
 
 def enable_visualization(cfg: Config, show_dir: Optional[str], show: bool = False,
@@ -160,37 +216,88 @@ def enable_visualization(cfg: Config, show_dir: Optional[str], show: bool = Fals
             cfg.visualizer['save_dir'] = show_dir
 
 
-# ``--vis-backend`` names -> mmengine's visualization backends
-VIS_BACKENDS = {'local': 'LocalVisBackend', 'tensorboard': 'TensorboardVisBackend'}
+# ``--vis-backend`` names -> mmengine's visualization backends (its VISBACKENDS registry)
+VIS_BACKENDS = {'local': 'LocalVisBackend', 'tensorboard': 'TensorboardVisBackend',
+                'wandb': 'WandbVisBackend', 'mlflow': 'MLflowVisBackend',
+                'clearml': 'ClearMLVisBackend', 'neptune': 'NeptuneVisBackend',
+                'dvclive': 'DVCLiveVisBackend', 'aim': 'AimVisBackend'}
+# what each needs installed: alternatives of modules (any one will do), the pip install arguments;
+# mmengine imports them only when the backend first writes, i.e. once training has started
+_VIS_BACKEND_NEEDS = {
+    'tensorboard': ([('tensorboard',), ('tensorboardX',)], 'tensorboard'),
+    'wandb': ([('wandb',)], 'wandb'),
+    'mlflow': ([('mlflow',)], 'mlflow'),
+    'clearml': ([('clearml',)], 'clearml'),
+    'neptune': ([('neptune',)], '-U neptune'),
+    'dvclive': ([('dvclive', 'pygit2')], 'dvclive pygit2'),
+    'aim': ([('aim',)], 'aim'),
+}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def vis_backend_types(backends: Sequence[str]) -> list:
+    """mmengine's backend types for ``--vis-backend`` names, in order, without repeats.
+
+    Args:
+        backends (Sequence[str]): Short names (``VIS_BACKENDS``: ``local``, ``tensorboard``,
+            ``wandb``, ...; any case) or types registered in mmengine's ``VISBACKENDS``
+            (``WandbVisBackend``, or a project's own).
+
+    Returns:
+        list[str]: The registry types.
+
+    Raises:
+        ValueError: a name that is neither; the message lists the names.
+        ImportError: a backend whose package is not installed; the message is the
+            ``pip install`` command.
+    """
+    from mmengine.registry import VISBACKENDS
+    short = {t: n for n, t in VIS_BACKENDS.items()}
+    types = []
+    for name in backends:
+        kind = VIS_BACKENDS.get(name.lower(), name)
+        if kind not in short and VISBACKENDS.get(kind) is None:
+            raise ValueError(f'unknown visualization backend {name!r}: choose from '
+                             f'{", ".join(sorted(VIS_BACKENDS))} (or a type registered in '
+                             "mmengine's VISBACKENDS, e.g. WandbVisBackend)")
+        needs = _VIS_BACKEND_NEEDS.get(short.get(kind))
+        if needs and not any(all(_installed(m) for m in alt) for alt in needs[0]):
+            raise ImportError(f'--vis-backend {short[kind]} needs its package: '
+                              f'pip install {needs[1]}')
+        if kind not in types:
+            types.append(kind)
+    return types
 
 
 def set_vis_backends(cfg: Config, backends: Optional[Sequence[str]]) -> None:
     """Make ``cfg.visualizer.vis_backends`` exactly ``backends`` (``tools/train.py`` and
     ``tools/test.py --vis-backend local tensorboard``): scalars (losses, learning rate, metrics)
     and drawn predictions go to each; ``local`` writes ``<work_dir>/<timestamp>/vis_data``,
-    ``tensorboard`` an event file there too (``tensorboard --logdir <work_dir>``).
+    ``tensorboard`` an event file there too (``tensorboard --logdir <work_dir>``), ``wandb``,
+    ``mlflow``, ``clearml``, ``neptune``, ``dvclive`` and ``aim`` to those services (each
+    configured as its package says: login, environment variables).
 
     Args:
         cfg (Config): Changed in place.
-        backends (Sequence[str], optional): Names among ``VIS_BACKENDS``; None or empty leaves
-            the config's own.
+        backends (Sequence[str], optional): Names, as ``vis_backend_types`` takes them; None or
+            empty leaves the config's own.
+
+    Raises:
+        ValueError, ImportError: as ``vis_backend_types``, before anything is changed.
     """
     if not backends:
         return
-    unknown = sorted(set(backends) - set(VIS_BACKENDS))
-    if unknown:
-        raise ValueError(f'unknown visualization backend(s) {unknown}: choose from '
-                         f'{sorted(VIS_BACKENDS)}')
-    if 'tensorboard' in backends:
-        try:
-            import tensorboard  # noqa: F401  (mmengine's backend imports it only when it first writes)
-        except ImportError as e:
-            raise ImportError('--vis-backend tensorboard needs the tensorboard package: '
-                              'pip install tensorboard') from e
+    types = vis_backend_types(backends)
     if cfg.get('visualizer') is None:
         raise ValueError('the config has no `visualizer`; inherit mmdet\'s or mmseg\'s '
                          'default_runtime.py')
-    cfg.visualizer['vis_backends'] = [dict(type=VIS_BACKENDS[b]) for b in dict.fromkeys(backends)]
+    cfg.visualizer['vis_backends'] = [dict(type=t) for t in types]
 
 
 # mmseg's ADE20k test-time scales (its _base_/datasets/ade20k.py `img_ratios`)
@@ -271,7 +378,67 @@ def _default_tta_pipeline(cfg: Config, task: str) -> list:
                                  transforms=[scales, flips] + [[t] for t in pipeline[at + 1:]])]
 
 
-def build_inferencer(config: str, weights: str, device: Optional[str] = None):
+def model_index() -> dict:
+    """The models of this repo's ``model-index.yml`` (its metafiles), by name: each
+    ``dict(config=<absolute path>, weights=<URL or None>)``. The index is the source tree's, or
+    the installed package's ``.mim`` copy; empty when there is neither."""
+    import yaml
+    package = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    for index in (osp.join(osp.dirname(package), 'model-index.yml'),
+                  osp.join(package, '.mim', 'model-index.yml')):
+        if osp.isfile(index):
+            break
+    else:
+        return {}
+    root = osp.dirname(index)
+    with open(index) as f:
+        imports = yaml.safe_load(f).get('Import', [])
+    models = {}
+    for rel in imports:
+        with open(osp.join(root, rel)) as f:
+            for m in yaml.safe_load(f).get('Models', []):
+                models[m['Name']] = dict(config=osp.join(root, m['Config']),
+                                         weights=m.get('Weights'))
+    return models
+
+
+def resolve_model(model: str, weights: Optional[str] = None) -> Tuple[str, str]:
+    """A config file and its weights from ``demo/image_demo.py``'s ``model`` and ``--weights``,
+    as mmdet's ``demo/image_demo.py`` takes them: ``model`` a config file or a model name of
+    ``model-index.yml`` (e.g. ``mask_rcnn_xcit_s12_16_3x``), whose released weights are taken
+    when ``weights`` is None.
+
+    Returns:
+        tuple[str, str]: The config file and the weights (a path or an http(s) URL).
+
+    Raises:
+        FileNotFoundError: ``model`` is neither; or no weights: none given and none released.
+    """
+    if model.endswith(('.pth', '.safetensors')):
+        raise FileNotFoundError(f'{model!r} is a checkpoint: give the config as the model and the '
+                                'checkpoint as --weights')
+    if osp.isfile(model):
+        config, released = model, None
+    else:
+        zoo = model_index()
+        if model not in zoo:
+            raise FileNotFoundError(f'{model!r} is neither a config file nor a model of '
+                                    f'model-index.yml ({", ".join(sorted(zoo)) or "none found"})')
+        config, released = zoo[model]['config'], zoo[model]['weights']
+    weights = weights or released
+    if not weights:
+        raise FileNotFoundError(f'no weights for {model!r}: give a checkpoint with --weights' +
+                                (' (the papers released none for this model)'
+                                 if not osp.isfile(model) else ''))
+    return config, weights
+
+
+# ``--palette`` names of mmdet's demo/image_demo.py ('none': the checkpoint's or dataset's)
+PALETTES = ('coco', 'voc', 'citys', 'random', 'none')
+
+
+def build_inferencer(config: str, weights: str, device: Optional[str] = None,
+                     palette: str = 'none'):
     """mmdet's ``DetInferencer`` or mmseg's ``MMSegInferencer`` for a config (told apart by its
     ``default_scope``), as ``demo/image_demo.py`` uses it.
 
@@ -285,6 +452,10 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None):
         config (str): An mmdet or mmseg config file.
         weights (str): A detector/segmentor checkpoint: a path or an http(s) URL.
         device (str, optional): Default: ``'cuda:0'`` when available, else ``'cpu'``.
+        palette (str): The colours drawn, one of ``PALETTES``, as mmdet's ``--palette``: a
+            dataset's (COCO, VOC, Cityscapes; for a segmentor mmseg's COCO-Stuff, VOC,
+            Cityscapes colours, fixed random ones past their number), fixed random ones, or
+            (``'none'``) the checkpoint's or the dataset's.
 
     Returns:
         tuple: The inferencer and the task, ``'det'`` or ``'seg'``.
@@ -295,6 +466,8 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None):
     from ..checkpoints import resolve_checkpoint
     if not osp.isfile(config):
         raise FileNotFoundError(f'config not found: {config!r}')
+    if palette not in PALETTES:
+        raise ValueError(f'palette {palette!r}: choose from {", ".join(PALETTES)}')
     cfg = Config.fromfile(config)
     task = task_of(cfg)
     device = device or ('cuda:0' if torch.cuda.is_available() else 'cpu')
@@ -309,9 +482,71 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None):
     meta = dict(getattr(model, 'dataset_meta', None) or {})
     classes = meta.get('classes')
     if classes is None or len(classes) != num_classes_of(model, task):
-        model.dataset_meta = _config_dataset_meta(cfg, task)
-        inferencer.visualizer.dataset_meta = model.dataset_meta
+        meta = _config_dataset_meta(cfg, task)
+    colours = meta.get('palette')
+    if palette == 'none' and not (isinstance(colours, str) or
+                                  (colours is not None and len(colours) >= len(meta['classes']))):
+        own = _config_dataset_meta(cfg, task)['palette']  # e.g. a checkpoint without PALETTE
+        meta['palette'] = own if len(own) == len(meta['classes']) else None
+        palette = 'none' if meta['palette'] else 'random'
+    if palette != 'none':  # mmdet's visualizer takes the names; mmseg's wants the colours
+        meta['palette'] = palette if task == 'det' else _seg_palette(palette, len(meta['classes']))
+    # both visualizers draw with their own copy (mmseg's would otherwise draw Cityscapes' names)
+    model.dataset_meta = inferencer.visualizer.dataset_meta = meta
     return inferencer, task
+
+
+def _seg_palette(name: str, num_classes: int) -> list:
+    """``num_classes`` colours of a ``PALETTES`` name for mmseg's visualizer."""
+    from mmseg.utils import get_palette
+    given = [] if name == 'random' else get_palette(
+        {'coco': 'cocostuff', 'voc': 'voc', 'citys': 'cityscapes'}[name])
+    state = np.random.RandomState(42)  # mmdet's fixed random colours
+    extra = state.randint(0, 256, (max(num_classes - len(given), 0), 3))
+    return [tuple(int(v) for v in c) for c in list(given)[:num_classes] + list(extra)]
+
+
+def run_inferencer(inferencer, task: str, inputs, *, out_dir: str = 'outputs',
+                   pred_score_thr: float = 0.3, batch_size: int = 1, show: bool = False,
+                   no_save_vis: bool = False, no_save_pred: bool = False,
+                   print_result: bool = False) -> dict:
+    """Predict, draw and save as mmdet's ``demo/image_demo.py`` does, for a detector or a
+    segmentor (``build_inferencer``).
+
+    Writes ``out_dir/vis/<image name>`` (the drawings) and the predictions: detection
+    ``out_dir/preds/<image stem>.json``, segmentation ``out_dir/pred/<n>_pred.png`` (class
+    indices, numbered in input order).
+
+    Args:
+        inferencer: From ``build_inferencer``.
+        task (str): ``'det'`` or ``'seg'``.
+        inputs (str | list): An image, a folder of images, or a list of them.
+        out_dir (str): ``''``: nothing saved.
+        pred_score_thr (float): Detection: boxes scoring at least this are drawn.
+        batch_size (int): Images an inference batch.
+        show (bool): Also show each drawing in a window.
+        no_save_vis (bool): Save no drawing.
+        no_save_pred (bool): Save no prediction file.
+        print_result (bool): Print the predictions.
+
+    Returns:
+        dict: The inferencer's results (``predictions``, ``visualization``).
+    """
+    if no_save_vis and no_save_pred:
+        out_dir = ''
+    if task == 'det':
+        return inferencer(inputs, batch_size=batch_size, out_dir=out_dir,
+                          pred_score_thr=pred_score_thr, show=show, no_save_vis=no_save_vis,
+                          no_save_pred=no_save_pred, print_result=print_result)
+    from mmengine.infer import BaseInferencer
+    # MMSegInferencer.__call__ saves both or neither: its base call takes each folder
+    results = BaseInferencer.__call__(
+        inferencer, inputs, batch_size=batch_size, show=show,
+        img_out_dir='' if no_save_vis or not out_dir else osp.join(out_dir, 'vis'),
+        pred_out_dir='' if no_save_pred or not out_dir else osp.join(out_dir, 'pred'))
+    if print_result:
+        print(results)
+    return results
 
 
 def _config_dataset_meta(cfg: Config, task: str) -> dict:

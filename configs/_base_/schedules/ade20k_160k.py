@@ -21,8 +21,8 @@ warmup_iters = 1500
 # Batch 16 (the paper's) = 8 GPUs x 2 images (the official code's split; 4 GPUs x 4 images is the
 # same batch: `tools/dist_train.sh CONFIG 4 --cfg-options train_dataloader.batch_size=4`).
 # 160k iterations x 16 images / 20,210 training images = ~127 epochs.
-# With another total batch, `--cfg-options auto_scale_lr.enable=True` makes mmengine's Runner scale
-# the lr linearly by (GPUs x batch_size) / 16.
+# With another total batch, `tools/train.py --auto-scale-lr` (as mmdet's) makes mmengine's Runner
+# scale the lr linearly by (GPUs x batch_size) / 16.
 train_dataloader = dict(batch_size=2)
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader

@@ -14,8 +14,8 @@ _base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py', '../defau
 
 # Batch 16 (the paper's) = 8 GPUs x 2 images.
 # 36 epochs x 118,287 images / 16 = 7,393 iterations an epoch x 36 = ~266k iterations.
-# With another total batch, `--cfg-options auto_scale_lr.enable=True` makes mmengine's Runner scale
-# the lr linearly by (GPUs x batch_size) / 16.
+# With another total batch, `tools/train.py --auto-scale-lr` (as mmdet's) makes mmengine's Runner
+# scale the lr linearly by (GPUs x batch_size) / 16.
 train_dataloader = dict(batch_size=2)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 

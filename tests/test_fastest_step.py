@@ -14,7 +14,7 @@ from deepvit_mm.runtime import CPUAmpOptimWrapper, FastestStepHook, prepare_conf
 WARMUP = 2
 
 
-def _config(work_dir, shapes, iters: int, threads, resume: bool = False):
+def _config(work_dir, shapes, iters: int, threads, resume: bool = False, recheck: int = 100):
     cfg = prepare_config(DEMO_DET, work_dir=str(work_dir), amp=True,
                          resume='auto' if resume else None, cfg_options={
         'train_dataloader.dataset.data_root': f'{shapes}/',
@@ -29,7 +29,7 @@ def _config(work_dir, shapes, iters: int, threads, resume: bool = False):
         'param_scheduler.1.end': iters, 'default_hooks.logger.interval': 1,
         'default_hooks.checkpoint.interval': iters})
     cfg.custom_hooks.append(dict(type='FastestStepHook', threads=threads, warmup=WARMUP,
-                                 rounds=1))
+                                 rounds=1, recheck=recheck))
     return cfg
 
 
@@ -38,19 +38,22 @@ class _Settings(Hook):
     iterations by a fake clock: the winner's iterations take 1 s, the others 2 s."""
     priority = 'LOWEST'  # after FastestStepHook's before_train_iter
 
-    def __init__(self, winner):
+    def __init__(self, winner, disturbed=()):
         self.winner, self.seen, self.now, self.wrapper = winner, [], 0.0, None
+        self.disturbed, self.iter = set(disturbed), 0  # iterations at which the winner takes 4 s
 
     def before_train(self, runner):
         self.wrapper = runner.optim_wrapper
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.iter = runner.iter
         self.seen.append(('bfloat16' if self.wrapper.autocast else 'float32',
                           torch.get_num_threads()))
 
     def perf_counter(self) -> float:
         setting = ('bfloat16' if self.wrapper.autocast else 'float32', torch.get_num_threads())
-        self.now += 0.5 if setting == self.winner else 1.0  # called at the start and the end
+        step = 0.5 if setting == self.winner else 1.0  # called at the start and the end
+        self.now += 4 * step if setting == self.winner and self.iter in self.disturbed else step
         return self.now
 
 
@@ -90,6 +93,31 @@ def test_the_trial_cycles_the_settings_then_trains_in_the_fastest(shapes, tmp_pa
     assert resumed.iter == iters + 2 and spy2.seen == [winner] * 2
 
 
+def test_a_disturbed_trial_is_overruled_by_the_rechecks(shapes, tmp_path, monkeypatch):
+    """The first trial times the truly fastest setting while another process shares the cores
+    (it looks slowest) and the run starts in another; the rechecks time each setting again and the
+    run moves to the fastest once the medians of all the times say so."""
+    counts = [1, 2]
+    precisions = ['float32', 'bfloat16'] if cpu_has_bfloat16() else ['float32']
+    candidates = [(p, t) for p in precisions for t in counts]
+    winner, n = candidates[0], len(candidates)
+    recheck = 1
+    # windows: the trial at WARMUP, then one round each `recheck` iterations after the last
+    windows = [WARMUP + k * (n + recheck) for k in range(3)]
+    iters = windows[-1] + n + 2
+    spy = _Settings(winner, disturbed={windows[0]})  # the winner's first trial iteration
+    monkeypatch.setattr(fastest_step, 'time', spy)
+    runner = _train(_config(tmp_path, shapes, iters, counts, recheck=recheck), spy)
+    hook = next(h for h in runner.hooks if isinstance(h, FastestStepHook))
+    assert hook.chosen == winner
+    for w in windows:
+        assert spy.seen[w:w + n] == candidates, w
+    first_choice = spy.seen[windows[0] + n]
+    assert first_choice != winner  # the disturbed trial chose another setting
+    assert spy.seen[windows[1] + n] == first_choice  # one recheck: medians of 2 still tie it
+    assert spy.seen[windows[2] + n:] == [winner] * (iters - windows[2] - n)
+
+
 def test_bfloat16_is_no_candidate_without_native_support(monkeypatch):
     wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD(torch.nn.Linear(2, 2).parameters(),
                                                            lr=0.1))
@@ -123,6 +151,7 @@ def test_another_wrapper_is_left_as_it_is(monkeypatch):
     (dict(threads=[0]), 'threads must be positive integers'),
     (dict(rounds=0), 'rounds must be an integer >= 1'),
     (dict(warmup=-1), 'warmup must be an integer >= 0'),
+    (dict(recheck=-1), 'recheck must be an integer >= 0'),
 ])
 def test_bad_arguments_say_what_to_pass(kwargs, match):
     with pytest.raises(ValueError, match=match):

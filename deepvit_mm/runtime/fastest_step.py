@@ -8,7 +8,10 @@ table of CPU names cannot say which: ``FastestStepHook`` measures it on the run'
 After ``warmup`` iterations in the configured setting (a detector's heads get busier as its RPN
 starts to find objects), the next iterations cycle through the candidate settings, ``rounds`` times,
 each timed whole (forward, backward, optimizer step); from then on the run trains in the setting of
-the lowest median, and the log gives every time and the choice.
+the lowest median, and the log gives every time and the choice. Every ``recheck`` iterations one
+more iteration of each setting is timed and the choice made again from the medians of all the
+times so far, so that a disturbance during the first trial (another process on the cores for a
+few seconds) cannot fix a slower setting for the whole run.
 
 These are ordinary training iterations (nothing is run twice); only the precision of the few trial
 iterations differs from the rest. The choice is saved in the checkpoints and a resumed run keeps
@@ -50,12 +53,15 @@ class FastestStepHook(Hook):
             count (the cores given to the process), once each.
         warmup (int): Iterations in the configured setting before the trial. Default: 10.
         rounds (int): Trial iterations of each setting, cycled; the median counts. Default: 3.
+        recheck (int): Iterations between two later rounds of the trial (one iteration of each
+            setting), after which the choice is made again from all the times; 0: never.
+            Default: 100.
     """
     priority = 'LOWEST'  # the setting is applied after the other hooks' before_train_iter
 
     def __init__(self, precisions: Sequence[str] = ('float32', 'bfloat16'),
                  threads: Optional[Sequence[int]] = None, warmup: int = 10,
-                 rounds: int = 3) -> None:
+                 rounds: int = 3, recheck: int = 100) -> None:
         bad = [p for p in precisions if p not in ('float32', 'bfloat16')]
         if bad or not precisions:
             raise ValueError(f"FastestStepHook: precisions must be among 'float32' and "
@@ -63,16 +69,18 @@ class FastestStepHook(Hook):
         if threads is not None and (not threads or any(
                 not isinstance(t, int) or t < 1 for t in threads)):
             raise ValueError(f'FastestStepHook: threads must be positive integers, got {threads!r}')
-        for name, value, low in (('warmup', warmup, 0), ('rounds', rounds, 1)):
+        for name, value, low in (('warmup', warmup, 0), ('rounds', rounds, 1),
+                                 ('recheck', recheck, 0)):
             if not isinstance(value, int) or value < low:
                 raise ValueError(f'FastestStepHook: {name} must be an integer >= {low}, got '
                                  f'{value!r}')
         self.precisions = tuple(precisions)
         self.threads = None if threads is None else tuple(threads)
-        self.warmup, self.rounds = warmup, rounds
+        self.warmup, self.rounds, self.recheck = warmup, rounds, recheck
         self.chosen: Optional[Setting] = None
-        self._first = 0  # the trial's first iteration
-        self._cycle: List[Setting] = []  # the setting of each trial iteration, in order
+        self._candidates: List[Setting] = []
+        self._first = 0  # the first iteration of the trial window to come (or going on)
+        self._cycle: List[Setting] = []  # the setting of each iteration of that window, in order
         self._times: Dict[Setting, List[float]] = {}
         self._start = 0.0
         self._threads_before = torch.get_num_threads()
@@ -100,22 +108,28 @@ class FastestStepHook(Hook):
             return
         self._active = True
         self._threads_before = torch.get_num_threads()
-        if self.chosen is not None:
+        self._candidates = self.candidates(wrapper)
+        self._times = {c: [] for c in self._candidates}
+        if len(self._candidates) == 1:
+            self._choose(wrapper, [0.0])
+            return
+        if self.chosen is not None:  # resumed: the saved choice, rechecked from here on
             self._apply(wrapper, self.chosen)
+            self._schedule(runner.iter + self.recheck, rounds=1)
             return
-        candidates = self.candidates(wrapper)
-        if len(candidates) == 1:
-            self._choose(wrapper, candidates, [0.0])
+        self._schedule(runner.iter + self.warmup, rounds=self.rounds)
+
+    def _schedule(self, first: int, rounds: int) -> None:
+        if self.chosen is not None and self.recheck == 0:
+            self._cycle = []
             return
-        self._first = runner.iter + self.warmup
-        self._cycle = candidates * self.rounds
-        self._times = {c: [] for c in candidates}
+        self._first, self._cycle = first, self._candidates * rounds
 
     def _trial_setting(self, runner) -> Optional[Setting]:
-        """The setting this iteration tries, or None outside the trial (mmengine counts the
-        iteration after its ``after_train_iter`` hooks, so both hooks see the same index)."""
+        """The setting this iteration tries, or None outside a trial window (mmengine counts
+        the iteration after its ``after_train_iter`` hooks, so both hooks see the same index)."""
         k = runner.iter - self._first
-        if self._active and self.chosen is None and 0 <= k < len(self._cycle):
+        if self._active and 0 <= k < len(self._cycle):
             return self._cycle[k]
         return None
 
@@ -131,9 +145,9 @@ class FastestStepHook(Hook):
             return
         self._times[setting].append(time.perf_counter() - self._start)
         if runner.iter - self._first == len(self._cycle) - 1:
-            candidates = list(self._times)
-            self._choose(runner.optim_wrapper, candidates,
-                         [statistics.median(self._times[c]) for c in candidates])
+            self._choose(runner.optim_wrapper,
+                         [statistics.median(self._times[c]) for c in self._candidates])
+            self._schedule(runner.iter + 1 + self.recheck, rounds=1)
 
     def after_train(self, runner) -> None:
         if self._active:
@@ -148,18 +162,19 @@ class FastestStepHook(Hook):
         threads = self.threads or tuple(sorted({1, torch.get_num_threads()}))
         return [(p, t) for p in precisions for t in threads]
 
-    def _choose(self, wrapper: CPUAmpOptimWrapper, candidates: List[Setting],
-                medians: List[float]) -> None:
+    def _choose(self, wrapper: CPUAmpOptimWrapper, medians: List[float]) -> None:
+        candidates = self._candidates
         if len(candidates) > 1 and dist.is_available() and dist.is_initialized():
             total = torch.tensor(medians, dtype=torch.float64)
             dist.all_reduce(total)
             medians = total.tolist()
-        self.chosen = candidates[medians.index(min(medians))]
+        before, self.chosen = self.chosen, candidates[medians.index(min(medians))]
         self._apply(wrapper, self.chosen)
-        if len(candidates) > 1:
+        if len(candidates) > 1 and self.chosen != before:
             timed = ', '.join(f'{p} {t} thread(s) {m:.3f} s'
                               for (p, t), m in zip(candidates, medians))
-            print_log(f'FastestStepHook: training iterations (median of {self.rounds}) {timed}; '
+            n = len(self._times[candidates[0]])
+            print_log(f'FastestStepHook: training iterations (median of {n}) {timed}; '
                       f'training in {self.chosen[0]} with {self.chosen[1]} thread(s) from here.',
                       logger='current')
 

@@ -1,20 +1,22 @@
 """Check, before importing them, that the libraries deepvit_mm builds on are in supported ranges.
 
 The ranges (``version.SUPPORTED``) run from the oldest to the newest stack CI tests
-(``version.TESTED``); a message outside them names both stacks and how to set one up. Known to
+(``version.TESTED``); a message outside them names both stacks and how to set one up. mmdet and
+mmsegmentation (``version.FAMILIES``) are each optional, one of them is needed. Known to
 break inside the ranges, and checked here: numpy 2 beside a torch compiled against numpy 1 (torch
 2.1 cannot exchange arrays with it; pip pulls numpy 2 in through the newest opencv-python).
 """
 from importlib import metadata
 from typing import Dict, List, Optional
 
-from .version import FLOORS, LIMITS, SUPPORTED, TESTED, release, supported
+from .version import FAMILIES, FLOORS, LIMITS, SUPPORTED, TESTED, release, supported
 
-__all__ = ['check_versions', 'version_problems', 'numpy_problem', 'tested_versions']
+__all__ = ['check_versions', 'version_problems', 'numpy_problem', 'tested_versions',
+           'installed_families', 'family_install', 'missing_family_message']
 
 FIX = ('Set up a tested stack: `make setup` (torch 2.13.0) or `make setup STACK=torch2.1` (torch '
        '2.1.0, numpy < 2), or in an existing environment pin the rest with its constraints: '
-       'pip install -c requirements/constraints.txt -e .  (torch 2.1: '
+       'pip install -c requirements/constraints.txt -e ".[all]"  (torch 2.1: '
        '-c requirements/constraints-torch2.1.txt; mmcv: MMCV_WITH_OPS=1 pip install '
        '--no-build-isolation mmcv==2.1.0, or OpenMMLab\'s wheel for your torch)')
 
@@ -24,24 +26,64 @@ def tested_versions(pkg: str) -> str:
     return ' and '.join(sorted({s[pkg] for s in TESTED.values()}, key=release))
 
 
+def _version(pkg: str, installed: Optional[Dict[str, Optional[str]]] = None) -> Optional[str]:
+    if installed is not None:
+        return installed.get(pkg)
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def installed_families(installed: Optional[Dict[str, Optional[str]]] = None) -> List[str]:
+    """The distributions of ``FAMILIES`` installed (``'mmdet'``, ``'mmsegmentation'``), in its
+    order; ``installed`` (distribution -> version or None) instead of the environment's."""
+    return [pkg for pkg in FAMILIES if _version(pkg, installed) is not None]
+
+
+def family_install(*pkgs: str) -> str:
+    """The command that installs ``pkgs`` of ``FAMILIES`` at their tested versions, e.g.
+    ``pip install -c requirements/constraints.txt "mmsegmentation==1.2.2" (torch 2.1 stack: ...)``."""
+    specs = []
+    for pkg in pkgs:
+        versions = {s[pkg] for s in TESTED.values()}
+        lo, hi = SUPPORTED[pkg]
+        specs.append(f'"{pkg}=={versions.pop()}"' if len(versions) == 1 else f'"{pkg}>={lo},<{hi}"')
+    files = {name: s['files'][1] for name, s in TESTED.items()}
+    return (f'pip install -c {files["newest"]} {" ".join(specs)} (torch 2.1 stack: '
+            f'-c {files["torch2.1"]})')
+
+
+def missing_family_message(scope: str) -> Optional[str]:
+    """None if the library of configs with ``default_scope=scope`` is installed (or ``scope`` is
+    none of ``FAMILIES``'), else what to install: ``this config is an mmsegmentation config
+    (default_scope='mmseg'): pip install ...``."""
+    for pkg, family in FAMILIES.items():
+        if family['scope'] == scope and pkg not in installed_families():
+            return (f'this config is an {pkg} config (default_scope={scope!r}) and {pkg} is not '
+                    f'installed: {family_install(pkg)}')
+    return None
+
+
 def version_problems(installed: Optional[Dict[str, Optional[str]]] = None) -> List[str]:
-    """One line per dependency that is missing or outside ``SUPPORTED``."""
+    """One line per dependency that is missing or outside ``SUPPORTED``; ``FAMILIES`` are
+    optional, but one of them is needed."""
     problems = []
     for pkg, (lo, hi) in SUPPORTED.items():
-        if installed is not None:
-            v = installed.get(pkg)
-        else:
-            try:
-                v = metadata.version(pkg)
-            except metadata.PackageNotFoundError:
-                v = None
+        v = _version(pkg, installed)
         need = f'need >={lo},<{hi}; tested: {tested_versions(pkg)}'
+        if v is None and pkg in FAMILIES:
+            continue
         if v is None:
             problems.append(f'{pkg} is not installed ({need})')
         elif not supported(pkg, v):
             reasons = LIMITS if release(v) >= release(lo) else FLOORS
             why = f': {reasons[pkg]}' if pkg in reasons else ''
             problems.append(f'{pkg} {v} is not supported ({need}){why}')
+    if not installed_families(installed):
+        names = ' nor '.join(FAMILIES)
+        problems.append(f'neither {names} is installed: deepvit_mm needs one of them, the one '
+                        f'whose configs you run, or both: {family_install(*FAMILIES)}')
     return problems
 
 

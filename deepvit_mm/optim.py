@@ -33,16 +33,15 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Set, Tuple
 
 import torch.nn as nn
-from mmdet.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMDET_CONSTRUCTORS
 from mmengine.dist import get_dist_info
 from mmengine.logging import print_log
 from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_CONSTRUCTORS
-from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMSEG_CONSTRUCTORS
 
 from .backbones.columnar import ColumnarBackbone
 from .compat.timm import declared_no_weight_decay
 from .compat.torch import NORM_LAYERS, fsdp_original_ndims
+from .registry import family_registries
 
 __all__ = ['ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
            'no_weight_decay_names', 'layer_ids']
@@ -254,6 +253,6 @@ class NoDecayOnScalesOptimizerConstructor(_ShardAware, DefaultOptimWrapperConstr
                 group['weight_decay'] = 0.
 
 
-for _registry in (MMENGINE_CONSTRUCTORS, MMDET_CONSTRUCTORS, MMSEG_CONSTRUCTORS):
+for _registry in [MMENGINE_CONSTRUCTORS] + family_registries('OPTIM_WRAPPER_CONSTRUCTORS'):
     _registry.register_module(module=ColumnarLayerDecayOptimizerConstructor)
     _registry.register_module(module=NoDecayOnScalesOptimizerConstructor)

@@ -1,16 +1,37 @@
-"""Register a class in mmdet's and mmseg's ``MODELS`` registries with one decorator."""
-from typing import TypeVar
+"""Register a class in the ``MODELS`` registries of mmdet and mmseg, those installed, with one
+decorator."""
+import importlib
+from typing import List, TypeVar
 
-from mmdet.registry import MODELS as MMDET_MODELS
-from mmseg.registry import MODELS as MMSEG_MODELS
+from ._deps import installed_families
+from .version import FAMILIES
 
-__all__ = ['register_model', 'MMDET_MODELS', 'MMSEG_MODELS']
+__all__ = ['register_model', 'family_registries', 'MMDET_MODELS', 'MMSEG_MODELS']
 
 T = TypeVar('T', bound=type)
 
 
+def family_registries(name: str) -> List:
+    """The registry ``name`` (``'MODELS'``, ``'OPTIM_WRAPPER_CONSTRUCTORS'``) of mmdet and of
+    mmseg, of those installed (``version.FAMILIES``)."""
+    return [getattr(importlib.import_module(f'{FAMILIES[pkg]["module"]}.registry'), name)
+            for pkg in installed_families()]
+
+
+def _models_of(pkg: str):
+    """``pkg``'s ``MODELS``, or None when it is not installed."""
+    if pkg not in installed_families():
+        return None
+    return importlib.import_module(f'{FAMILIES[pkg]["module"]}.registry').MODELS
+
+
+MMDET_MODELS = _models_of('mmdet')  # None without mmdet
+MMSEG_MODELS = _models_of('mmsegmentation')  # None without mmsegmentation
+
+
 def register_model(cls: T) -> T:
-    """Class decorator: make ``cls`` buildable by ``type=cls.__name__`` in mmdet and mmseg."""
-    MMDET_MODELS.register_module(module=cls)
-    MMSEG_MODELS.register_module(module=cls)
+    """Class decorator: make ``cls`` buildable by ``type=cls.__name__`` in mmdet and mmseg (those
+    installed)."""
+    for models in family_registries('MODELS'):
+        models.register_module(module=cls)
     return cls

@@ -1,6 +1,8 @@
 """FastestStepHook: after a warm-up, training iterations cycle through the candidate precisions and
 thread counts, each timed; the run then trains in the fastest, keeps it through a resume and gives
 the thread count back at the end."""
+import os
+
 import pytest
 import torch
 from conftest import DEMO_DET
@@ -126,6 +128,18 @@ def test_bfloat16_is_no_candidate_without_native_support(monkeypatch):
                                                                    ('float32', 2)]
     monkeypatch.setattr(fastest_step, 'cpu_has_bfloat16', lambda: True)
     assert FastestStepHook(threads=[2]).candidates(wrapper) == [('float32', 2), ('bfloat16', 2)]
+
+
+def test_bfloat16_is_not_native_on_avx2_kernels():
+    """Capped at its AVX2 kernels (an AVX2-only CPU, or ATEN_CPU_CAPABILITY=avx2), torch emulates
+    bfloat16 whatever the CPU's flags: no bfloat16 candidate then."""
+    import subprocess
+    import sys
+    code = 'from deepvit_mm.compat.torch import cpu_has_bfloat16; print(cpu_has_bfloat16())'
+    env = dict(os.environ, ATEN_CPU_CAPABILITY='avx2')
+    run = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == 'False', run.stderr[-2000:]
 
 
 def test_another_wrapper_is_left_as_it_is(monkeypatch):

@@ -40,7 +40,8 @@ Private torch APIs, each with the reason it is used and the releases it was test
 2.13.0):
 
 * ``in_backward``: ``torch._C._current_graph_task_id``, as ``torch.utils.checkpoint`` uses it.
-* ``cpu_has_bfloat16``: ``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``.
+* ``cpu_has_bfloat16``: ``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``
+  (torch 2.4+; torch 2.1: the CPU's flags in ``/proc/cpuinfo``).
 * ``load_weights_only`` reads torch's own allowlist (``torch._weights_only_unpickler``) on torch
   before 2.6.
 """
@@ -351,7 +352,19 @@ def in_backward() -> bool:
 
 
 def cpu_has_bfloat16() -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX)."""
-    # reason: torch.cpu exposes these checks only under private names (torch 2.1 to 2.13)
-    checks = ('_is_avx512_bf16_supported', '_is_amx_tile_supported')
-    return any(getattr(torch.cpu, c, lambda: False)() for c in checks)
+    """Whether torch computes bfloat16 natively on this CPU: the CPU has AVX512-BF16 or AMX and
+    torch runs its AVX-512 kernels (not capped at AVX2 by ``ATEN_CPU_CAPABILITY``, as on an
+    AVX2-only CPU)."""
+    if not torch.backends.cpu.get_cpu_capability().startswith('AVX512'):
+        return False
+    # reason: torch.cpu exposes these checks only under private names (torch 2.4 to 2.13)
+    checks = [getattr(torch.cpu, c, None) for c in ('_is_avx512_bf16_supported',
+                                                    '_is_amx_tile_supported')]
+    if any(c is not None for c in checks):
+        return any(c() for c in checks if c is not None)
+    try:  # torch 2.1 has neither check: the CPU's own flags (Linux)
+        with open('/proc/cpuinfo') as f:
+            flags = next((line.split() for line in f if line.startswith('flags')), [])
+    except OSError:
+        return False
+    return 'avx512_bf16' in flags or 'amx_bf16' in flags

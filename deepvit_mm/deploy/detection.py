@@ -23,7 +23,6 @@ from typing import List, Sequence, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmdet.structures.bbox import get_box_tensor
 from torch import Tensor
 
 __all__ = ['batched_nms', 'clip_boxes', 'roi_features', 'rpn_proposals', 'bbox_detections',
@@ -84,6 +83,7 @@ def rpn_proposals(rpn_head: nn.Module, feats: Sequence[Tensor], cfg, height, wid
     Per level the ``cfg.nms_pre`` best anchors, decoded by the head's box coder and clipped to the
     input; boxes not larger than ``cfg.min_bbox_size`` dropped; NMS within each level.
     """
+    from mmdet.structures.bbox import get_box_tensor  # mmdet models only: seg exports go without
     if not rpn_head.use_sigmoid_cls:
         raise NotImplementedError('the exporter supports sigmoid RPN classifiers only')
     cls_scores, bbox_preds = rpn_head(feats)
@@ -122,6 +122,7 @@ def bbox_detections(roi_head: nn.Module, feats: Sequence[Tensor], proposals: Ten
         tuple[Tensor, Tensor]: ``dets`` ``(n, 5)`` (x1, y1, x2, y2, score; decreasing score) and
         ``labels`` ``(n,)``, at most ``cfg.max_per_img``.
     """
+    from mmdet.structures.bbox import get_box_tensor
     head = roi_head.bbox_head
     if getattr(head, 'custom_cls_channels', False):
         raise NotImplementedError('bbox heads with custom classifier channels do not export')

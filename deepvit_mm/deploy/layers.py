@@ -60,7 +60,7 @@ def _export_form(module: nn.Module) -> Optional[Callable]:
         return None
     try:
         from mmseg.models.utils import Upsample
-    except ImportError:  # mmseg is a dependency; a detector alone does not need it here
+    except ImportError:  # mmseg is optional: without it no model holds its Upsample
         return None
     if type(module) is Upsample and not module.size and isinstance(module.scale_factor, float) \
             and module.scale_factor.is_integer():

@@ -4,6 +4,9 @@ torch/torchvision and mmcv are not install_requires: torch's build is machine-sp
 must be compiled against the installed torch (see tools/setup_env.sh). ``import deepvit_mm``
 checks them and says what to do. The other libraries' ranges are ``deepvit_mm/version.py``'s
 ``SUPPORTED``, the ones ``import deepvit_mm`` accepts, so that pip refuses what import would.
+mmdet and mmsegmentation (``FAMILIES``) are each optional, one is needed: the extras ``det``,
+``seg`` and ``all`` (both) install them, e.g. ``pip install -c requirements/constraints.txt -e
+".[all]"``.
 """
 import os
 import os.path as osp
@@ -16,13 +19,30 @@ from setuptools import find_packages, setup
 HERE = osp.dirname(osp.abspath(__file__))
 
 
-def _requirements(*pkgs: str) -> list:
-    """``pkg>=lo,<hi`` for each of ``pkgs``, from ``version.SUPPORTED``, read without importing the
-    package (its import needs torch)."""
+def _version_py() -> dict:
+    """``deepvit_mm/version.py``'s names, read without importing the package (its import needs
+    torch)."""
     ns = {}
     with open(osp.join(HERE, 'deepvit_mm', 'version.py'), encoding='utf-8') as f:
         exec(f.read(), ns)
-    return [f'{pkg}>={ns["SUPPORTED"][pkg][0]},<{ns["SUPPORTED"][pkg][1]}' for pkg in pkgs]
+    return ns
+
+
+def _requirements(*pkgs: str) -> list:
+    """``pkg>=lo,<hi`` for each of ``pkgs``, from ``version.SUPPORTED``."""
+    supported = _version_py()['SUPPORTED']
+    return [f'{pkg}>={supported[pkg][0]},<{supported[pkg][1]}' for pkg in pkgs]
+
+
+def _family_extras() -> dict:
+    """One extra per library of ``version.FAMILIES`` (``det``: mmdet, ``seg``: mmsegmentation),
+    with what its import needs beside it, and ``all``: both."""
+    needs = {'mmdet': ['pycocotools'],
+             'mmsegmentation': ['ftfy', 'regex']}  # mmseg.utils imports them
+    extras = {family['extra']: _requirements(pkg) + needs[pkg]
+              for pkg, family in _version_py()['FAMILIES'].items()}
+    extras['all'] = [r for reqs in extras.values() for r in reqs]
+    return extras
 
 
 def _mim_files() -> list:
@@ -92,14 +112,13 @@ setup(
     packages=find_packages(include=['deepvit_mm', 'deepvit_mm.*']),
     include_package_data=True,
     package_data={'deepvit_mm': _mim_files()},
-    install_requires=_requirements('mmengine', 'mmdet', 'mmsegmentation', 'timm') + [
+    install_requires=_requirements('mmengine', 'timm') + [
         'packaging',  # deepvit_mm.version compares versions by PEP 440
         'safetensors',
-        'pycocotools',
-        'ftfy',  # mmseg.utils imports them
-        'regex',
     ],
     extras_require={
+        # mmdet and/or mmsegmentation: `.[det]`, `.[seg]`, `.[all]` (import needs one of them)
+        **_family_extras(),
         # `mim train|test|search deepvit_mm ...`; opendatalab 0.0.10, openmim's newest pick,
         # requires openxlab, which pins setuptools 60.2.0 (a downgrade of the user's)
         'mim': ['openmim', 'opendatalab<0.0.10'],

@@ -45,7 +45,7 @@ __all__ = ['__version__', 'XCiT', 'CaiT', 'ColumnarBackbone', 'ColumnarPyramid',
            'read_checkpoint', 'load_weights', 'trusted_checkpoints']
 
 if 'mmdet' in installed_families():
-    from .roi_extractor import CPUSingleRoIExtractor  # noqa: E402
+    from .roi_extractor import CPUSingleRoIExtractor  # noqa: F401  (in __all__)
     __all__.append('CPUSingleRoIExtractor')
 
 

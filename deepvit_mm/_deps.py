@@ -54,14 +54,15 @@ def family_install(*pkgs: str) -> str:
             f'-c {files["torch2.1"]})')
 
 
-def missing_family_message(scope: str) -> Optional[str]:
+def missing_family_message(scope: str, why: Optional[str] = None) -> Optional[str]:
     """None if the library of configs with ``default_scope=scope`` is installed (or ``scope`` is
     none of ``FAMILIES``'), else what to install: ``this config is an mmsegmentation config
-    (default_scope='mmseg'): pip install ...``."""
+    (default_scope='mmseg') and mmsegmentation is not installed: pip install ...``; ``why``
+    replaces ``default_scope='mmseg'``."""
     for pkg, family in FAMILIES.items():
         if family['scope'] == scope and pkg not in installed_families():
-            return (f'this config is an {pkg} config (default_scope={scope!r}) and {pkg} is not '
-                    f'installed: {family_install(pkg)}')
+            return (f'this config is an {pkg} config ({why or f"default_scope={scope!r}"}) and '
+                    f'{pkg} is not installed: {family_install(pkg)}')
     return None
 
 

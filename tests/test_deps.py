@@ -5,7 +5,7 @@ import pytest
 
 from deepvit_mm import XCiT
 from deepvit_mm._deps import FIX, numpy_problem, version_problems
-from deepvit_mm.version import LIMITS, SUPPORTED, TESTED
+from deepvit_mm.version import FAMILIES, LIMITS, SUPPORTED, TESTED
 
 
 def _stack(name):
@@ -70,6 +70,24 @@ def test_unsupported_versions_named(pkg, version, expect):
     assert len(problems) == 1 and problems[0].startswith(expect)
     if version == '2.0.1':  # a limit's reason is given only above the range
         assert LIMITS['torch'] not in problems[0]
+
+
+@pytest.mark.parametrize('left_out', [('mmdet',), ('mmsegmentation',)])
+def test_mmdet_and_mmsegmentation_are_each_optional(left_out):
+    """One of them is enough (tests/test_one_family.py runs deepvit_mm so); one present outside
+    its range is still refused."""
+    stack = dict(_stack('newest'), **{pkg: None for pkg in left_out})
+    assert version_problems(stack) == []
+    (present,) = set(FAMILIES) - set(left_out)
+    (problem,) = version_problems(dict(stack, **{present: '0.1.0'}))
+    assert problem.startswith(f'{present} 0.1.0 is not supported')
+
+
+def test_neither_mmdet_nor_mmsegmentation_says_what_to_install():
+    (problem,) = version_problems(dict(_stack('newest'), mmdet=None, mmsegmentation=None))
+    assert problem.startswith('neither mmdet nor mmsegmentation is installed') and \
+        'pip install -c requirements/constraints.txt "mmdet==3.3.0" "mmsegmentation==1.2.2" ' \
+        '(torch 2.1 stack: -c requirements/constraints-torch2.1.txt)' in problem, problem
 
 
 @pytest.mark.parametrize('pkg,version', [

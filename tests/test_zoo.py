@@ -218,14 +218,22 @@ def test_wheel_ships_the_model_index_tools_and_configs(installed):
 
 def test_wheel_requires_what_import_accepts(installed):
     """pip refuses what ``import deepvit_mm`` refuses: the wheel's Requires-Dist ranges are
-    version.SUPPORTED's; the extras pin nothing that downgrades setuptools."""
-    from deepvit_mm.version import SUPPORTED
+    version.SUPPORTED's; mmdet and mmsegmentation come only with their extras (``det``, ``seg``,
+    ``all``), as import needs one of them, not both; the extras pin nothing that downgrades
+    setuptools."""
+    from deepvit_mm.version import FAMILIES, SUPPORTED
     (meta,) = glob.glob(str(installed / '*.dist-info' / 'METADATA'))
     requires = re.findall(r'^Requires-Dist: (.+)$', open(meta).read(), flags=re.M)
     for pkg in ('mmengine', 'mmdet', 'mmsegmentation', 'timm'):
         lo, hi = SUPPORTED[pkg]
-        (line,) = [r for r in requires if re.match(rf'{pkg}\b', r)]
-        assert set(re.findall(r'[<>=!]+[\w.]+', line.split(';')[0])) == {f'>={lo}', f'<{hi}'}, line
+        lines = [r for r in requires if re.match(rf'{pkg}\b', r)]
+        for line in lines:
+            assert set(re.findall(r'[<>=!]+[\w.]+', line.split(';')[0])) == {f'>={lo}', f'<{hi}'}, line
+        markers = sorted(line.partition(';')[2].strip() for line in lines)
+        if pkg in FAMILIES:
+            assert markers == sorted(f'extra == "{e}"' for e in ('all', FAMILIES[pkg]['extra'])), lines
+        else:
+            assert markers == [''], lines
     assert [r for r in requires if r.startswith('opendatalab')] and all(
         '<0.0.10' in r for r in requires if r.startswith('opendatalab')), requires
 

@@ -102,7 +102,7 @@ fi
 core() { "$PY" -m pip list --format=freeze 2>/dev/null | grep -i -E '^(torch|torchvision|mmcv)==' ; }
 BEFORE=$(core)
 echo "[setup] installing deepvit_mm and its dependencies"
-"${PIP[@]}" -q -c "$CONSTRAINTS" -e ".[tests,deploy]"
+"${PIP[@]}" -q -c "$CONSTRAINTS" -e ".[all,tests,deploy]"
 if [ "$(core)" != "$BEFORE" ]; then
   echo "[setup] installing deepvit_mm changed torch/torchvision/mmcv: $BEFORE -> $(core)" >&2
   exit 1

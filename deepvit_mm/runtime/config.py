@@ -12,9 +12,12 @@ import torch.nn as nn
 from mmengine.config import Config, ConfigDict
 from mmengine.logging import print_log
 
+from .._deps import missing_family_message
 from ..consumers import check_model
+from ..version import FAMILIES
 
-__all__ = ['task_of', 'task_registry', 'load_config', 'build_from_config', 'num_classes_of',
+__all__ = ['task_of', 'task_registry', 'read_config', 'load_config', 'build_from_config',
+           'num_classes_of',
            'prepare_config', 'enable_auto_scale_lr', 'set_test_out', 'enable_visualization',
            'VIS_BACKENDS', 'vis_backend_types', 'set_vis_backends', 'TTA_SCALE_RATIOS',
            'enable_tta', 'model_index', 'resolve_model', 'PALETTES', 'build_inferencer',
@@ -22,17 +25,61 @@ __all__ = ['task_of', 'task_registry', 'load_config', 'build_from_config', 'num_
 
 
 def task_of(cfg: Config) -> str:
-    """``'det'`` or ``'seg'``, from the config's ``default_scope`` (set by mmdet/mmseg bases)."""
+    """``'det'`` or ``'seg'``, from the config's ``default_scope`` (set by mmdet/mmseg bases).
+
+    Raises:
+        ValueError: a scope of neither.
+        ImportError: the library of the config is not installed; the message says what to install.
+    """
     scope = cfg.get('default_scope', 'mmdet')
     if scope not in ('mmdet', 'mmseg'):
         raise ValueError(f'unsupported default_scope {scope!r}: configs must inherit an mmdet or '
                          'mmseg base (default_scope "mmdet" or "mmseg").')
+    _require_family(scope)
     return 'det' if scope == 'mmdet' else 'seg'
+
+
+def _require_family(scope: str, why: Optional[str] = None) -> None:
+    message = missing_family_message(scope, why)
+    if message:
+        raise ImportError(message, name=scope)
+
+
+def read_config(path: str) -> Config:
+    """``Config.fromfile(path)``; a config of mmdet or mmseg, the one that is not installed, stops
+    with what to install instead of the import error met while reading its bases.
+
+    Raises:
+        ImportError: as above; any other import error as mmengine raises it.
+    """
+    try:
+        return Config.fromfile(path)
+    except ImportError as e:
+        message = None
+        for pkg, family in FAMILIES.items():
+            scope = family['scope']
+            # mmengine's Config._get_cfg_path (0.10.3, 0.10.7) for a `_base_ = '<scope>::...'` of
+            # a library that is not installed; a pure-Python config's import: ModuleNotFoundError
+            if str(e).startswith(f'{pkg} is not installed'):
+                message = missing_family_message(scope, f'its _base_ reads {scope}::')
+            elif (e.name or '').split('.')[0] == family['module']:
+                message = missing_family_message(scope, f"it imports {family['module']}")
+            if message:
+                break
+        else:
+            raise
+    raise ImportError(message, name=scope) from None
 
 
 def task_registry(task: str, name: str = 'MODELS'):
     """mmdet's (``task='det'``) or mmseg's (``'seg'``) registry ``name`` (``'MODELS'``,
-    ``'DATASETS'``), with the library's modules registered and the default scope left as it is."""
+    ``'DATASETS'``), with the library's modules registered and the default scope left as it is.
+
+    Raises:
+        ImportError: that library is not installed; the message says what to install.
+    """
+    if task in ('det', 'seg'):
+        _require_family('mmdet' if task == 'det' else 'mmseg')
     if task == 'seg':
         import mmseg.registry as registry
         from mmseg.utils import register_all_modules
@@ -51,7 +98,7 @@ def load_config(path: str, cfg_options: Optional[dict] = None) -> Config:
     ``model.pretrained`` cleared); a float16 ``AmpOptimWrapper`` trains in float32 without a GPU,
     as ``tools/train.py`` runs it."""
     from .amp import fit_precision_to_device
-    cfg = Config.fromfile(path)
+    cfg = read_config(path)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     fit_precision_to_device(cfg)
@@ -117,7 +164,7 @@ def prepare_config(config: str, *, work_dir: Optional[str] = None, cfg_options=N
     ``auto_scale_lr``: ``tools/train.py --auto-scale-lr`` (``enable_auto_scale_lr``)."""
     if not osp.isfile(config):
         raise FileNotFoundError(f'config not found: {config!r}')
-    cfg = Config.fromfile(config)
+    cfg = read_config(config)
     task_of(cfg)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -468,7 +515,7 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None,
         raise FileNotFoundError(f'config not found: {config!r}')
     if palette not in PALETTES:
         raise ValueError(f'palette {palette!r}: choose from {", ".join(PALETTES)}')
-    cfg = Config.fromfile(config)
+    cfg = read_config(config)
     task = task_of(cfg)
     device = device or ('cuda:0' if torch.cuda.is_available() else 'cpu')
     weights = resolve_checkpoint(weights)

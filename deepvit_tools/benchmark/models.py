@@ -47,10 +47,11 @@ def backbone_family(arch: str) -> Type[nn.Module]:
 
 
 def build_backbone(arch: str, **kwargs) -> nn.Module:
-    """``MODELS.build(dict(type=<family>, arch=arch, **kwargs))`` (mmdet's registry, where
-    deepvit_mm registers every family), without pretrained weights."""
-    from deepvit_mm.registry import MMDET_MODELS
-    return MMDET_MODELS.build(dict(type=backbone_family(arch).__name__, arch=arch, **kwargs))
+    """``MODELS.build(dict(type=<family>, arch=arch, **kwargs))`` (mmdet's registry, or mmseg's
+    without mmdet: deepvit_mm registers every family in both), without pretrained weights."""
+    from deepvit_mm.registry import MMDET_MODELS, MMSEG_MODELS
+    models = MMDET_MODELS if MMDET_MODELS is not None else MMSEG_MODELS
+    return models.build(dict(type=backbone_family(arch).__name__, arch=arch, **kwargs))
 
 
 def backbone_info(backbone: nn.Module, size: Tuple[int, int]) -> dict:

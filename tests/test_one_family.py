@@ -1,0 +1,233 @@
+"""deepvit_mm with only mmdet or only mmsegmentation installed: it registers what that library's
+models use, builds, trains and tests its demo through the tools, and says what to install for a
+config of the other; with neither, ``import deepvit_mm`` says what to install.
+
+Each environment is this one in a fresh interpreter whose site-packages is a folder of links to
+this one's entries, less the library left out (its package and its distribution metadata):
+imports, ``importlib.metadata`` and ``pkg_resources`` (mmengine's ``is_installed``) all see it as
+not installed, as in an environment that never had it.
+"""
+import json
+import os
+import site
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import DEMO_DET, DEMO_SEG, ROOT
+
+from deepvit_mm.version import FAMILIES, TESTED
+
+SITE_PACKAGES = sorted({os.path.realpath(p) for p in site.getsitepackages()})
+# per library present: the other's package and distribution, its demo, the other's demo
+FAMILY = {
+    'mmdet': dict(left_out=('mmseg', 'mmsegmentation'), demo=DEMO_DET, other='mmsegmentation',
+                  other_demo=DEMO_SEG),
+    'mmsegmentation': dict(left_out=('mmdet',), demo=DEMO_SEG, other='mmdet', other_demo=DEMO_DET),
+}
+NEITHER = ('mmdet', 'mmseg', 'mmsegmentation')
+TOOLS = os.path.join(ROOT, 'tools')
+
+
+@pytest.fixture(scope='module')
+def site_without(tmp_path_factory):
+    """``site_without(names)``: a site-packages folder of links to this environment's entries but
+    those of the packages and distributions ``names``; made once per ``names``."""
+    made = {}
+
+    def make(names) -> str:
+        if names not in made:
+            folder = tmp_path_factory.mktemp('site')
+            for real in SITE_PACKAGES:
+                for entry in os.listdir(real):
+                    # 'mmseg', 'mmsegmentation-1.2.2.dist-info', 'mmdet', 'mmdet-3.3.0.dist-info'
+                    if entry.split('-')[0].split('.')[0] in names or (folder / entry).exists():
+                        continue
+                    os.symlink(os.path.join(real, entry), folder / entry)
+            made[names] = str(folder)
+        return made[names]
+    return make
+
+
+def _run_without(site_dir: str, code: str, *args, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -c code *args`` on the site-packages ``site_dir`` instead of this one's."""
+    prelude = textwrap.dedent(f"""
+        import os, site, sys
+        sys.path[:] = [p for p in sys.path if os.path.realpath(p) not in {SITE_PACKAGES!r}]
+        site.addsitedir({site_dir!r})
+        """)
+    env = {k: v for k, v in os.environ.items() if k not in ('LD_PRELOAD', 'DEEPVIT_MALLOC_RESTARTED')}
+    # glibc: the tools would otherwise restart on tcmalloc (the restart runs this code again)
+    env.update(PYTHONWARNINGS='ignore', OMP_NUM_THREADS='2', DEEPVIT_MALLOC='glibc', PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, '-c', prelude + textwrap.dedent(code), *map(str, args)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _run_tool_without(site_dir: str, tool: str, *args, timeout: int = 300):
+    """``tools/<tool> *args`` on the site-packages ``site_dir``."""
+    code = f"""
+        import runpy
+        sys.argv = [{os.path.join(TOOLS, tool)!r}] + sys.argv[1:]
+        runpy.run_path(sys.argv[0], run_name='__main__')
+        """
+    return _run_without(site_dir, code, *args, timeout=timeout)
+
+
+def _pip_install(*pkgs: str) -> str:
+    return 'pip install -c requirements/constraints.txt ' + ' '.join(
+        f'"{pkg}=={TESTED["newest"][pkg]}"' for pkg in pkgs)
+
+
+def _last_json(out: subprocess.CompletedProcess) -> dict:
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize('family', sorted(FAMILY))
+def test_import_registers_in_the_installed_library(site_without, family):
+    """The backbones, optimizer constructors (and, with mmdet, CPUSingleRoIExtractor) are in the
+    installed library's registries; every module of the package but those of the other's models
+    imports."""
+    code = """
+        import importlib, json, pkgutil
+        import deepvit_mm
+        from deepvit_mm.registry import MMDET_MODELS, MMSEG_MODELS, family_registries
+        from mmengine.registry import HOOKS
+        models = MMDET_MODELS if MMDET_MODELS is not None else MMSEG_MODELS
+        constructors = family_registries('OPTIM_WRAPPER_CONSTRUCTORS')
+        needs_mmdet = {'deepvit_mm.roi_extractor'}
+        for m in pkgutil.walk_packages(deepvit_mm.__path__, 'deepvit_mm.'):
+            if MMDET_MODELS is not None or m.name not in needs_mmdet:
+                importlib.import_module(m.name)
+        try:
+            deepvit_mm.CPUSingleRoIExtractor
+            roi = 'importable'
+        except AttributeError as e:
+            roi = str(e)
+        print(json.dumps(dict(
+            registries=[MMDET_MODELS is not None, MMSEG_MODELS is not None],
+            backbones=[models.get(n) is not None for n in ('XCiT', 'CaiT')],
+            roi_extractor=models.get('CPUSingleRoIExtractor') is not None, roi=roi,
+            constructors=[len(constructors)] + [c.get(n) is not None for c in constructors for n in (
+                'ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor')],
+            hooks=[HOOKS.get(n) is not None for n in ('CheckConsumersHook', 'FiniteLossHook')],
+            loaded=sorted({m.split('.')[0] for m in sys.modules if m.startswith(('mmdet', 'mmseg'))}))))
+        """
+    got = _last_json(_run_without(site_without(FAMILY[family]['left_out']), code))
+    det = family == 'mmdet'
+    assert got['registries'] == [det, not det]
+    assert got['backbones'] == [True, True] and got['hooks'] == [True, True]
+    assert got['constructors'] == [1, True, True]
+    assert got['loaded'] == [FAMILIES[family]['module']]
+    assert got['roi_extractor'] is det
+    if det:
+        assert got['roi'] == 'importable'
+    else:
+        assert f'mmdet is not installed: {_pip_install("mmdet")}' in got['roi'], got['roi']
+
+
+@pytest.mark.parametrize('family', sorted(FAMILY))
+def test_configs_build_and_the_others_say_what_to_install(site_without, family):
+    """The library's demo builds; the other's config, loaded, built, prepared for the tools or
+    given as a Config, stops with one message: what to install."""
+    other = FAMILY[family]['other']
+    scope = FAMILIES[other]['scope']
+    code = f"""
+        import json
+        import deepvit_mm
+        from mmengine.config import Config
+        from deepvit_mm.runtime import (build_from_config, load_config, prepare_config, read_config,
+                                        task_registry)
+        model, task = build_from_config({FAMILY[family]['demo']!r})
+        errors = []
+        for call in (lambda: read_config({FAMILY[family]['other_demo']!r}),
+                     lambda: load_config({FAMILY[family]['other_demo']!r}),
+                     lambda: build_from_config({FAMILY[family]['other_demo']!r}),
+                     lambda: prepare_config({FAMILY[family]['other_demo']!r}),
+                     lambda: build_from_config(Config(dict(default_scope={scope!r}, model={{}}))),
+                     lambda: task_registry({'seg' if scope == 'mmseg' else 'det'!r})):
+            try:
+                call()
+                errors.append(None)
+            except ImportError as e:
+                errors.append([type(e).__name__, str(e), e.__context__ is None or e.__suppress_context__])
+        print(json.dumps(dict(task=task, backbone=type(model.backbone).__name__, errors=errors)))
+        """
+    got = _last_json(_run_without(site_without(FAMILY[family]['left_out']), code))
+    assert got['task'] == ('det' if family == 'mmdet' else 'seg') and got['backbone'] == 'XCiT'
+    install = f'{other} is not installed: {_pip_install(other)}'
+    for i, error in enumerate(got['errors']):
+        assert error is not None, i
+        name, message, no_chain = error
+        assert name == 'ImportError' and no_chain, error
+        assert message.startswith(f'this config is an {other} config (') and install in message, error
+    # read from the file: its bases are the other's; given as a Config: its default_scope
+    assert f"(its _base_ reads {scope}::)" in got['errors'][0][1]
+    assert f"(default_scope={scope!r})" in got['errors'][4][1]
+
+
+@pytest.mark.parametrize('family', sorted(FAMILY))
+def test_tools_refuse_the_others_configs_in_one_line(site_without, family, tmp_path):
+    site_dir = site_without(FAMILY[family]['left_out'])
+    other = FAMILY[family]['other']
+    checkpoint = tmp_path / 'model.pth'
+    checkpoint.write_bytes(b'')  # read only after the config
+    for tool, args in (('train.py', ()), ('test.py', (checkpoint,))):
+        out = _run_tool_without(site_dir, tool, FAMILY[family]['other_demo'], *args, '--work-dir',
+                                tmp_path / 'work')
+        assert out.returncode == 1 and 'Traceback' not in out.stderr, out.stderr[-3000:]
+        assert out.stderr.strip().splitlines()[-1].startswith(f'this config is an {other} config'), \
+            out.stderr[-3000:]
+    assert not (tmp_path / 'work').exists()
+
+
+def _demo_options(family: str, data: str) -> list:
+    """--cfg-options of a 2-step run of the demo on tiny data, and of its test."""
+    loaders = ['num_workers=0', 'persistent_workers=False']
+    if family == 'mmdet':
+        return ([f'train_dataloader.dataset.data_root={data}/', 'model.backbone.arch=nano_12_p16',
+                 'train_dataloader.batch_size=1', 'train_dataloader.dataset.pipeline.2.scale=(96,64)',
+                 'train_dataloader.dataset.pipeline.2.keep_ratio=False',
+                 'model.train_cfg.rcnn.sampler.num=32', 'param_scheduler.0.end=1',
+                 'param_scheduler.1.begin=1', 'param_scheduler.1.end=2']
+                + [f'train_dataloader.{o}' for o in loaders],
+                [f'test_dataloader.dataset.data_root={data}/', 'model.backbone.arch=nano_12_p16',
+                 f'test_evaluator.ann_file={data}/annotations/instances_val.json']
+                + [f'test_dataloader.{o}' for o in loaders])
+    return ([f'train_dataloader.dataset.data_root={data}', 'train_dataloader.batch_size=2']
+            + [f'train_dataloader.{o}' for o in loaders],
+            [f'test_dataloader.dataset.data_root={data}'] + [f'test_dataloader.{o}' for o in loaders])
+
+
+@pytest.mark.parametrize('family', sorted(FAMILY))
+def test_tools_train_and_test_the_demo(site_without, family, tmp_path, request):
+    """tools/train.py trains the library's demo 2 steps, tools/test.py evaluates the checkpoint."""
+    if family == 'mmdet':
+        data = request.getfixturevalue('shapes')
+    else:
+        from deepvit_tools.demo_data import make_ade_demo
+        data = str(tmp_path / 'ade')
+        make_ade_demo(data, num_train=4, num_val=1, size=128)
+    site_dir = site_without(FAMILY[family]['left_out'])
+    train, test = _demo_options(family, data)
+    work = tmp_path / 'work'
+    out = _run_tool_without(
+        site_dir, 'train.py', FAMILY[family]['demo'], '--work-dir', work, '--cfg-options', *train,
+        'train_cfg.max_iters=2', 'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
+        'default_hooks.logger.interval=1', 'default_hooks.checkpoint.interval=2', timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert 'Iter(train) [2/2]' in out.stdout + out.stderr
+    out = _run_tool_without(site_dir, 'test.py', FAMILY[family]['demo'], work / 'iter_2.pth',
+                            '--work-dir', work / 'test', '--cfg-options', *test, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    metric = 'coco/bbox_mAP' if family == 'mmdet' else 'mIoU'
+    assert f'{metric}:' in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
+
+
+def test_import_without_either_says_what_to_install(site_without):
+    out = _run_without(site_without(NEITHER), 'import deepvit_mm')
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith('ImportError: deepvit_mm: neither mmdet nor mmsegmentation is installed'), last
+    assert _pip_install('mmdet', 'mmsegmentation') in last

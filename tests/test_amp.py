@@ -23,6 +23,7 @@ def _wrapper(model):
     return CPUAmpOptimWrapper(optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
 
 
+@pytest.mark.numerics
 def test_mmcv_ops_take_bfloat16_under_cpu_autocast():
     feats = torch.randn(1, 8, 16, 16, requires_grad=True)
     rois = torch.tensor([[0., 1., 1., 9., 12.], [0., 4., 2., 15., 8.]])
@@ -57,6 +58,7 @@ def test_amp_picks_the_wrapper_for_the_device(monkeypatch):
     assert gpu.optim_wrapper.type == 'AmpOptimWrapper' and gpu.optim_wrapper.loss_scale == 'dynamic'
 
 
+@pytest.mark.numerics
 def test_bf16_losses_close_to_float32():
     from mmdet.testing import demo_mm_inputs
     cfg = Config.fromfile(CFG)

@@ -458,6 +458,7 @@ def test_query_chunked_attention_equals_timm(chunk):
                                    rtol=1e-4, atol=1e-5 * want.abs().max().item())
 
 
+@pytest.mark.numerics
 def test_query_chunked_attention_under_bf16_autocast():
     attn, ref = _randomized_talking_heads()
     x = torch.randn(1, 50, 48)

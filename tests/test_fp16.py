@@ -98,6 +98,7 @@ BACKBONES = {'xcit_s12_p8': lambda cp: XCiT('small_12_p8', with_cp=cp),
              'cait_xxs24_windowed': lambda cp: CaiT('xxs24', window_size=2, with_cp=cp)}
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize('with_cp', [False, True], ids=['no_cp', 'with_cp'])
 @pytest.mark.parametrize('arch', sorted(BACKBONES))
 def test_backbone_gradients_in_float16_match_float32(arch, with_cp):
@@ -238,6 +239,7 @@ FAST_PATHS = {'gram_xca': (_xcit_pair, (2, 3, 64, 96)),
               'fsne': (_fsne, (2, 3, 64, 96))}
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize('path', sorted(FAST_PATHS))
 def test_fast_path_in_float16_as_accurate_as_the_reference(path):
     """Each fast path's float16 result against its own float32 result: no worse than twice the

@@ -47,16 +47,14 @@ def test_import_prints_nothing():
 
 def test_every_recipe_loads_without_a_warning():
     """mmengine's Config.fromfile on every recipe and demo config (their custom_imports import
-    deepvit_mm): nothing on stderr with Python's default filters, nothing raised with every shown
-    warning made an error but the listed upstream ones."""
+    deepvit_mm), with Python's default filters: nothing on stderr (with the stacks' setuptools,
+    not even the upstream pkg_resources warning)."""
     assert len(RECIPES) > 30
     code = ('from mmengine.config import Config\n'
             f'for p in {RECIPES!r}:\n'
             '    Config.fromfile(p)\n')
-    quiet = _run(code, strict=False)
-    assert quiet.returncode == 0 and quiet.stderr == '', quiet.stderr[-3000:]
-    strict = _run(code, strict=True)
-    assert strict.returncode == 0, strict.stderr[-3000:]
+    run = _run(code, strict=False)
+    assert run.returncode == 0 and run.stderr == '', run.stderr[-3000:]
 
 
 @pytest.mark.parametrize('config', ['mask_rcnn_xcit_nano_12_p8_shapes.py',

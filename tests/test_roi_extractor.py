@@ -9,6 +9,8 @@ from deepvit_mm import roi_extractor
 from deepvit_mm.compat.mmcv import run_mmcv_ops_in_float32
 from deepvit_mm.roi_extractor import CPUSingleRoIExtractor
 
+pytestmark = pytest.mark.numerics  # bounds that depend on the CPU's kernels
+
 STRIDES = (4, 8, 16, 32)
 
 

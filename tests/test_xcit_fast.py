@@ -10,6 +10,8 @@ from deepvit_mm import XCiT
 from deepvit_mm.backbones.xcit.fast import xca_block_inference, xca_from_gram
 from deepvit_mm.compat.torch import cpu_float16_training_problem
 
+pytestmark = pytest.mark.numerics  # bounds that depend on the CPU's kernels
+
 
 def _randomize(m: nn.Module) -> nn.Module:
     """Non-trivial BN statistics, biases, LayerScale and temperatures, so every term counts."""

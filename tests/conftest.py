@@ -43,16 +43,32 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 def pytest_report_header(config):
     """The CPU and the kernels torch runs on it, at the top of every run's report."""
-    return f'cpu: {cpu_model()}; torch kernels: {torch.backends.cpu.get_cpu_capability()}'
+    return (f'cpu: {cpu_model()}; torch kernels: {torch.backends.cpu.get_cpu_capability()}; '
+            f'oneDNN: {"on" if torch.backends.mkldnn.enabled else "off"}')
 
 
 def pytest_configure(config):
     """``ATEN_CPU_CAPABILITY`` (as ``make test-avx2`` sets it) must have taken effect: a torch
-    that ignored it would run the AVX-512 kernels under the AVX2 run's name."""
+    that ignored it would run the AVX-512 kernels under the AVX2 run's name.
+
+    Under ``ONEDNN_MAX_CPU_ISA=AVX2`` on an AVX-512 CPU, torch 2.1 still hands bfloat16
+    convolutions and matrix products to oneDNN (it asks the CPU, not oneDNN, whether oneDNN can
+    take them), and oneDNN, capped at AVX2, refuses them ("could not create a primitive
+    descriptor"). An AVX2-only CPU never takes that path: torch runs its own bfloat16 kernels
+    there. So where a bfloat16 convolution fails so, oneDNN is switched off for the run, and
+    torch's own kernels run, as on an AVX2-only CPU."""
     want = os.environ.get('ATEN_CPU_CAPABILITY')
     have = torch.backends.cpu.get_cpu_capability()
     if want and want.upper() != have.upper():
         raise pytest.UsageError(f'ATEN_CPU_CAPABILITY={want} but torch runs its {have} kernels')
+    if os.environ.get('ONEDNN_MAX_CPU_ISA', '').upper() == 'AVX2':
+        try:
+            torch.nn.functional.conv2d(torch.ones(1, 1, 3, 3, dtype=torch.bfloat16),
+                                       torch.ones(1, 1, 1, 1, dtype=torch.bfloat16))
+        except RuntimeError as e:
+            if 'primitive descriptor' not in str(e):
+                raise
+            torch.backends.mkldnn.enabled = False
 
 
 def cpu_model() -> str:

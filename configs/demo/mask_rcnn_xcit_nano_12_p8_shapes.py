@@ -5,8 +5,8 @@
 # 8 of XCiT-N12/8's 12 blocks (taps 1, 3, 5, 7), 64-channel FPN and heads, one anchor ratio (the
 # shapes' boxes are near-square), 64 RoIs per image, half of them positive where there are that
 # many, class-agnostic box regression with a GIoU loss, and 1,100 steps of batch 2 (more updates
-# learned more than half as many steps of batch 4 for the same images seen; 1,100 fit `make demo` in
-# 8 minutes with FastestStepHook's choice, mask_rcnn_xcit_nano_12_p8_shapes_cpu.py).
+# learned more than half as many steps of batch 4 for the same images seen; `make demo`'s time with
+# FastestStepHook's choice on each CPU measured: docs/training.md#the-detection-demo).
 _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     'mmdet::_base_/default_runtime.py',

@@ -6,8 +6,9 @@ mmsegmentation (``version.FAMILIES``) are each optional, one of them is needed. 
 break inside the ranges, and checked here: numpy 2 beside a torch compiled against numpy 1 (torch
 2.1 cannot exchange arrays with it; pip pulls numpy 2 in through the newest opencv-python).
 """
+import functools
 from importlib import metadata
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .version import FAMILIES, FLOORS, LIMITS, SUPPORTED, TESTED, release, supported
 
@@ -38,7 +39,16 @@ def _version(pkg: str, installed: Optional[Dict[str, Optional[str]]] = None) -> 
 def installed_families(installed: Optional[Dict[str, Optional[str]]] = None) -> List[str]:
     """The distributions of ``FAMILIES`` installed (``'mmdet'``, ``'mmsegmentation'``), in its
     order; ``installed`` (distribution -> version or None) instead of the environment's."""
+    if installed is None:
+        return list(_families_here())
     return [pkg for pkg in FAMILIES if _version(pkg, installed) is not None]
+
+
+@functools.cache
+def _families_here() -> Tuple[str, ...]:
+    """The environment's answer, looked up once a process: every registration asks, and each
+    metadata lookup scans the distributions on ``sys.path``."""
+    return tuple(pkg for pkg in FAMILIES if _version(pkg) is not None)
 
 
 def family_install(*pkgs: str) -> str:

@@ -11,22 +11,22 @@ __all__ = ['register_model', 'family_registries', 'MMDET_MODELS', 'MMSEG_MODELS'
 T = TypeVar('T', bound=type)
 
 
+def _registry(pkg: str, name: str):
+    """The registry ``name`` of ``pkg`` (a ``version.FAMILIES`` distribution), or None when it is
+    not installed."""
+    if pkg not in installed_families():
+        return None
+    return getattr(importlib.import_module(f'{FAMILIES[pkg]["module"]}.registry'), name)
+
+
 def family_registries(name: str) -> List:
     """The registry ``name`` (``'MODELS'``, ``'OPTIM_WRAPPER_CONSTRUCTORS'``) of mmdet and of
     mmseg, of those installed (``version.FAMILIES``)."""
-    return [getattr(importlib.import_module(f'{FAMILIES[pkg]["module"]}.registry'), name)
-            for pkg in installed_families()]
+    return [_registry(pkg, name) for pkg in installed_families()]
 
 
-def _models_of(pkg: str):
-    """``pkg``'s ``MODELS``, or None when it is not installed."""
-    if pkg not in installed_families():
-        return None
-    return importlib.import_module(f'{FAMILIES[pkg]["module"]}.registry').MODELS
-
-
-MMDET_MODELS = _models_of('mmdet')  # None without mmdet
-MMSEG_MODELS = _models_of('mmsegmentation')  # None without mmsegmentation
+MMDET_MODELS = _registry('mmdet', 'MODELS')  # None without mmdet
+MMSEG_MODELS = _registry('mmsegmentation', 'MODELS')  # None without mmsegmentation
 
 
 def register_model(cls: T) -> T:

@@ -38,7 +38,6 @@ FAMILIES = {
 }
 
 
-
 def release(version: str) -> Version:
     """``'2.1.0+cu118'`` -> ``Version('2.1.0+cu118')``: a version parsed as PEP 440 reads it
     (``packaging``), so that pre-releases, post-releases and local builds compare right."""

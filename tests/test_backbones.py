@@ -178,6 +178,23 @@ def test_arch_names(family, arch):
         assert fam.resolve_arch(timm_name) == fam.resolve_arch(f'{timm_name}.fb_in1k') == arch
 
 
+
+def test_docs_arch_tables_are_the_papers():
+    """docs/backbones.md's tables: one row per arch, each the paper's (the reference above)."""
+    import os
+    import re
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           'docs', 'backbones.md')) as f:
+        rows = {m.group(1): [c.strip() for c in m.group(2).split('|')]
+                for m in re.finditer(r'^\| `(\w+)` \|(.*)\|$', f.read(), flags=re.M)}
+    assert sorted(rows) == sorted(arch for _, arch in ARCHS)
+    for family, arch in ARCHS:
+        paper, cells = PAPER[family](arch), rows[arch]
+        third = paper['patch'] if family == 'XCiT' else paper['heads']
+        assert [int(c) for c in cells[:3]] == [paper['embed_dim'], paper['depth'], third], arch
+        assert tuple(int(t) for t in cells[3].split(',')) == paper['taps'], arch
+        assert (float(cells[4]), float(cells[5])) == (pytest.approx(paper['drop']), paper['eps'])
+
 # ------------------------------------------------------------------------------ forward
 @_on(LIGHT)
 @pytest.mark.parametrize('hw', SIZES, ids=lambda hw: f'{hw[0]}x{hw[1]}')

@@ -46,6 +46,20 @@ def test_constraints_files_pin_the_tested_stacks():
             assert pins[pkg] == stack[pkg], (name, pkg)
 
 
+
+def test_docs_tested_stacks_table_is_version_py():
+    """docs/install.md's table of the tested stacks says what version.py's TESTED pins."""
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, 'docs', 'install.md')) as f:
+        rows = {m.group(1): [c.strip() for c in m.group(2).split('|')]
+                for m in re.finditer(r'^\| `(\w[\w.]*)`[^|]*\|(.*)\|$', f.read(), flags=re.M)}
+    assert sorted(rows) == sorted(TESTED)
+    for name, s in TESTED.items():
+        assert rows[name][:6] == [f"{s['torch']} / {s['torchvision']}", s['numpy'], s['mmcv'],
+                                  s['mmengine'], f"{s['mmdet']} / {s['mmsegmentation']}",
+                                  s['timm']], name
+
 @pytest.mark.parametrize('pkg,version,expect', [
     ('mmcv', '2.2.0', 'mmcv 2.2.0 is not supported (need >=2.1.0,<2.2.0; tested: 2.1.0): mmdet 3.3.0'),
     ('torch', '2.14.1', 'torch 2.14.1 is not supported (need >=2.1.0,<2.14.0; tested: 2.1.0 and '

@@ -95,6 +95,35 @@ def test_metafile_params_and_flops_are_what_get_flops_counts():
                        + '\n'.join(wrong))
 
 
+
+def test_model_zoo_page_is_written_from_the_metafiles():
+    """configs/README.md (the model-zoo page the README points to) is what the metafiles say."""
+    from deepvit_tools.model_zoo import PAGE, page
+    with open(PAGE) as f:
+        assert f.read() == page(), 'configs/README.md is stale: python tools/model_zoo.py'
+    for _, m in _zoo():
+        assert f"]({os.path.basename(m['Config'])})" in page(), m['Name']
+
+
+def test_readme_paper_results_are_the_metafiles():
+    """The README's table of the paper's results: each cell is its recipe's metafile Results."""
+    results = {}
+    for _, m in _zoo():
+        for r in m.get('Results', []):
+            results.setdefault(m['Name'], []).extend(r['Metrics'].values())
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        rows = [[c.strip() for c in line.strip('|\n').split('|')]
+                for line in f if line.startswith('| ')]
+    head = next(r for r in rows if r[0] == 'XCiT')
+    archs = [a.lower().replace('/', '_') for a in head[1:]]  # 'T12/16' -> 't12_16'
+    det = next(r for r in rows if r[0].startswith('Mask R-CNN'))
+    seg = next(r for r in rows if r[0].startswith('ADE20k'))
+    for arch, d, s in zip(archs, det[1:], seg[1:]):
+        assert [float(v) for v in d.split(' / ')] == results[f'mask_rcnn_xcit_{arch}_3x'], arch
+        assert [float(v) for v in s.split(' / ')] == (results[f'sem_fpn_xcit_{arch}_80k_ade20k']
+                                                      + results[f'upernet_xcit_{arch}_160k_ade20k'])
+    assert len(archs) == 8
+
 # ------------------------------------------------------------------------------ FLOPs
 _MATMUL_OPS = {'conv', 'linear', 'matmul', 'bmm', 'addmm', 'mm', 'einsum', 'baddbmm'}
 

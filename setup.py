@@ -115,6 +115,7 @@ setup(
     install_requires=_requirements('mmengine', 'timm') + [
         'packaging',  # deepvit_mm.version compares versions by PEP 440
         'safetensors',
+        'filelock',  # one download per cache (deepvit_mm.checkpoints.fetch)
     ],
     extras_require={
         # mmdet and/or mmsegmentation: `.[det]`, `.[seg]`, `.[all]` (import needs one of them)

@@ -211,7 +211,8 @@ def serve(www):
     requests it answers, and ``cut``: ``cut[name] = n`` makes the next GET of ``name`` announce
     the whole length, send ``n`` bytes and close the connection (a transfer that ends short);
     ``cut[name] = (n, event)`` sends ``n`` bytes and holds the connection until ``event`` is set
-    (a transfer in progress)."""
+    (a transfer in progress); ``cut[name] = [status, ...]`` answers the next GETs with those HTTP
+    error statuses, one each (a failing server)."""
     hits, cut = [], {}
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -223,6 +224,11 @@ def serve(www):
             name = self.path.lstrip('/')
             if name not in cut:
                 return super().do_GET()
+            if isinstance(cut[name], list):
+                status = cut[name].pop(0)
+                if not cut[name]:
+                    del cut[name]
+                return self.send_error(status)
             data = (www / name).read_bytes()
             n, held = cut.pop(name), None
             if isinstance(n, tuple):

@@ -15,7 +15,7 @@ import torch
 from conftest import CONFIG_DIR, serve
 
 from deepvit_mm import XCiT
-from deepvit_mm.checkpoints import CheckpointError, read_checkpoint, resolve_checkpoint
+from deepvit_mm.checkpoints import CheckpointError, fetch, read_checkpoint, resolve_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,8 +46,15 @@ def _equal(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _files(folder):
+    """The folder's files but the download lock and failure note (``<name>.lock``, ``.failed``)."""
+    return sorted(n for n in os.listdir(folder) if not n.endswith(('.lock', '.failed')))
+
+
 # ------------------------------------------------------------------------------ downloads
-def test_cut_download_leaves_nothing_and_the_next_try_loads(saved, flaky_server, hub_dir):
+def test_cut_download_leaves_nothing_and_the_next_try_loads(saved, flaky_server, hub_dir,
+                                                            monkeypatch):
+    monkeypatch.setattr(fetch, 'RETRIES', 0)  # retries: test_transient_errors_are_retried
     www, url, cut, hits = flaky_server
     path, sd = saved
     data = open(path, 'rb').read()
@@ -56,10 +63,10 @@ def test_cut_download_leaves_nothing_and_the_next_try_loads(saved, flaky_server,
     with pytest.raises(CheckpointError, match=rf'ended after {len(data) // 2} of the {len(data)} '
                                               r'bytes announced.*Nothing was kept; try again'):
         read_checkpoint(f'{url}/xcit.pth')
-    assert os.listdir(hub_dir) == []  # nothing under the final name, no temporary file
+    assert _files(hub_dir) == []  # nothing under the final name, no temporary file
     got = read_checkpoint(f'{url}/xcit.pth')['state_dict']  # the server is healthy again
     assert _equal(got, sd) and hits == ['/xcit.pth', '/xcit.pth']
-    assert sorted(os.listdir(hub_dir)) == ['xcit.pth', 'xcit.pth.sha256']
+    assert _files(hub_dir) == ['xcit.pth', 'xcit.pth.sha256']
     record = json.loads((hub_dir / 'xcit.pth.sha256').read_text())
     assert record == dict(url=f'{url}/xcit.pth', size=len(data),
                           sha256=hashlib.sha256(data).hexdigest())
@@ -96,7 +103,7 @@ def test_killed_download_leaves_nothing_and_its_temporary_is_cleared(saved, flak
         release.set()
         child.kill()
     (partial,) = glob.glob(str(hub_dir / 'xcit.pth.*.partial'))  # the kill left its temporary
-    assert sorted(os.listdir(hub_dir)) == [os.path.basename(partial)]
+    assert _files(hub_dir) == [os.path.basename(partial)]
     assert _equal(read_checkpoint(f'{url}/xcit.pth')['state_dict'], sd)  # downloads again
     assert os.path.exists(partial)  # too recent to be taken for abandoned
     os.remove(hub_dir / 'xcit.pth')
@@ -104,9 +111,102 @@ def test_killed_download_leaves_nothing_and_its_temporary_is_cleared(saved, flak
     abandoned = time.time() - ABANDONED_AFTER_S - 1
     os.utime(partial, (abandoned, abandoned))
     assert _equal(read_checkpoint(f'{url}/xcit.pth')['state_dict'], sd)
-    assert sorted(os.listdir(hub_dir)) == ['xcit.pth', 'xcit.pth.sha256']
+    assert _files(hub_dir) == ['xcit.pth', 'xcit.pth.sha256']
     assert hits == ['/xcit.pth'] * 3
 
+
+
+@pytest.mark.parametrize('failure', ['HTTP 503', 'cut short'])
+def test_transient_errors_are_retried(saved, flaky_server, hub_dir, monkeypatch, logged, failure):
+    """A server that fails twice, then serves: the third try loads, each retry logged."""
+    monkeypatch.setattr(fetch, 'BACKOFF_S', 0.01)
+    www, url, cut, hits = flaky_server
+    path, sd = saved
+    data = open(path, 'rb').read()
+    (www / 'xcit.pth').write_bytes(data)
+    if failure == 'HTTP 503':
+        cut['xcit.pth'] = [503, 503]
+    else:
+        cut['xcit.pth'] = len(data) // 3
+        first_try = fetch._download_once
+
+        def cut_twice(*args):  # the server cuts one transfer; this makes it two
+            if len(hits) == 1:
+                cut['xcit.pth'] = len(data) // 3
+            return first_try(*args)
+        monkeypatch.setattr(fetch, '_download_once', cut_twice)
+    assert _equal(read_checkpoint(f'{url}/xcit.pth')['state_dict'], sd)
+    assert hits == ['/xcit.pth'] * 3 and _files(hub_dir) == ['xcit.pth', 'xcit.pth.sha256']
+    retries = [m for m in logged if 'Trying again in' in m]
+    assert len(retries) == 2 and '(1 of 3 retries)' in retries[0] and '(2 of 3 retries)' in retries[1]
+
+
+def test_a_missing_file_is_not_retried(flaky_server, hub_dir):
+    www, url, cut, hits = flaky_server
+    with pytest.raises(CheckpointError, match=r"cannot download '.*/nothing\.pth': HTTP Error 404"):
+        read_checkpoint(f'{url}/nothing.pth')
+    assert hits == ['/nothing.pth'] and _files(hub_dir) == []
+
+
+_TOGETHER = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from deepvit_mm.checkpoints import CheckpointError, read_checkpoint
+barrier, n = sys.argv[3], int(sys.argv[4])
+open(os.path.join(barrier, str(os.getpid())), 'w').close()
+while len(os.listdir(barrier)) < n:  # every process imported: they ask at the same moment
+    time.sleep(0.01)
+try:
+    sd = read_checkpoint(sys.argv[2])['state_dict']
+    print('loaded', sum(float(v.double().sum()) for v in sd.values()))
+except CheckpointError as e:
+    print('refused', e)
+    sys.exit(3)
+"""
+
+
+def _together(url, hub_dir, barrier, n):
+    """``n`` processes that read ``url`` at the same moment (one cache: ``hub_dir``); their
+    return codes and last lines."""
+    barrier.mkdir()
+    env = dict(os.environ, TORCH_HOME=str(hub_dir.parent.parent), PYTHONWARNINGS='ignore',
+               OMP_NUM_THREADS='1')
+    procs = [subprocess.Popen([sys.executable, '-c', _TOGETHER, ROOT, url, str(barrier), str(n)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(n)]
+    out = [p.communicate(timeout=300) for p in procs]
+    return [(p.returncode, o.strip().splitlines()[-1] if o.strip() else e[-2000:])
+            for p, (o, e) in zip(procs, out)]
+
+
+def test_processes_of_one_cache_download_once(saved, flaky_server, hub_dir, tmp_path):
+    """4 processes (the ranks of a job, or jobs sharing a home directory) want the same URL at
+    once: one request; every process loads the same verified tensors."""
+    www, url, cut, hits = flaky_server
+    (www / 'xcit.pth').write_bytes(open(saved[0], 'rb').read())
+    results = _together(f'{url}/xcit.pth', hub_dir, tmp_path / 'barrier', 4)
+    assert [r[0] for r in results] == [0] * 4, results
+    assert len({r[1] for r in results}) == 1 and results[0][1].startswith('loaded'), results
+    assert hits == ['/xcit.pth'] and _files(hub_dir) == ['xcit.pth', 'xcit.pth.sha256']
+
+
+def test_a_server_that_always_fails_stops_every_process_with_one_message(flaky_server, hub_dir,
+                                                                         tmp_path):
+    """The process that downloads tries RETRIES + 1 times; the others, which waited for it, stop
+    with its message instead of trying in turn; nothing is left but the lock and the note."""
+    import time
+    www, url, cut, hits = flaky_server
+    (www / 'xcit.pth').write_bytes(b'never served')
+    cut['xcit.pth'] = [503] * 100
+    start = time.time()
+    results = _together(f'{url}/xcit.pth', hub_dir, tmp_path / 'barrier', 3)
+    assert [r[0] for r in results] == [3] * 3, results
+    (message,) = {r[1] for r in results}
+    assert message.startswith(f"refused cannot download '{url}/xcit.pth': HTTP Error 503") and \
+        message.endswith(f'(tried {fetch.RETRIES + 1} times)'), message
+    assert len(hits) == fetch.RETRIES + 1 and _files(hub_dir) == []
+    backoff = sum(fetch.BACKOFF_S * 2 ** i for i in range(fetch.RETRIES))
+    assert time.time() - start < backoff + 120  # the back-off and 3 imports: no hang
 
 @pytest.mark.parametrize('how', ['half file, no record', 'bytes changed, record kept'])
 def test_poisoned_cache_is_fetched_again_once(saved, flaky_server, hub_dir, how, logged):
@@ -141,7 +241,7 @@ def test_sha256_in_the_file_name_is_checked(saved, flaky_server, hub_dir):
     with pytest.raises(CheckpointError, match=r'has SHA-256 [0-9a-f]{64}, expected 0123456789.*'
                                               r'Nothing was kept'):
         read_checkpoint(f'{url}/xcit-0123456789.pth')
-    assert sorted(os.listdir(hub_dir)) == [f'xcit-{good}.pth', f'xcit-{good}.pth.sha256']
+    assert _files(hub_dir) == [f'xcit-{good}.pth', f'xcit-{good}.pth.sha256']
 
 
 # ------------------------------------------------------------------------------ hub names

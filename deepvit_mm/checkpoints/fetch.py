@@ -12,6 +12,13 @@
   once, with a message. An interrupted download (a closed connection, a timeout, a killed process)
   never leaves a file under the final name. A killed process cannot remove its temporary file:
   the next download of that file removes the ones nobody has written to for an hour.
+  **One download per cache**: the processes that want the same file (the ranks of a job on one
+  machine, or several jobs sharing a home directory) take a file lock ``<name>.lock`` beside it;
+  the first downloads while the others wait, then they read the checked file. A transient error
+  (a reset or refused connection, a time-out, HTTP 5xx/408/429, a transfer that ends short) is
+  retried ``RETRIES`` times with backoff; a download that still fails leaves ``<name>.failed``
+  (its message), and the processes that waited for it stop with the same message at once rather
+  than trying in turn.
 * **Hub names** ``hf-hub:<repo>[@revision]`` (timm's names: ``hf-hub:timm/xcit_small_12_p8_224.fb_in1k``)
   are fetched by ``huggingface_hub``, with its cache, token and ``HF_HUB_OFFLINE``: the repository's
   ``model.safetensors``, else its ``pytorch_model.bin``. Its cache keeps each file under its SHA-256
@@ -21,6 +28,7 @@ import json
 import os
 import re
 import tempfile
+import time
 import urllib.request
 from typing import Optional, Tuple
 from urllib.parse import urlparse
@@ -35,6 +43,8 @@ __all__ = ['HUB_PREFIX', 'resolve_checkpoint', 'download', 'cached_download_prob
 HUB_PREFIX = 'hf-hub:'
 HUB_FILES = ('model.safetensors', 'pytorch_model.bin')
 TIMEOUT_S = 60
+RETRIES = 3  # after the first try; waits BACKOFF_S, then twice as long each time
+BACKOFF_S = 1.0
 PROGRESS_FROM_BYTES = 8 << 20  # smaller downloads show no progress bar
 # a download's temporary file untouched this long was left by a killed process: a live one
 # writes every MiB (a transfer slower than ~300 B/s would be taken for dead)
@@ -87,8 +97,24 @@ def _expected_sha(name: str, sha256: Optional[str]) -> Optional[str]:
     return m.group(1) if m else None
 
 
+class _Transient(CheckpointError):
+    """A failure that another try may not meet: a connection error, a time-out, HTTP 5xx, 408 or
+    429, a transfer that ended short."""
+
+
+def _is_transient(e: BaseException) -> bool:
+    import http.client
+    import socket
+    import urllib.error
+    if isinstance(e, urllib.error.HTTPError):
+        return e.code >= 500 or e.code in (408, 429)
+    return isinstance(e, (urllib.error.URLError, http.client.HTTPException, ConnectionError,
+                          socket.timeout, TimeoutError))
+
+
 def download(url: str, path: str, sha256: Optional[str] = None) -> None:
-    """Fetch ``url`` to ``path`` (see the module docstring): all or nothing under ``path``.
+    """Fetch ``url`` to ``path`` (see the module docstring): all or nothing under ``path``,
+    transient errors retried ``RETRIES`` times.
 
     Args:
         url (str): An ``http(s)://`` URL.
@@ -100,6 +126,19 @@ def download(url: str, path: str, sha256: Optional[str] = None) -> None:
         CheckpointError: The transfer failed or ended short, or the SHA-256 differs. Nothing is
             left under ``path`` nor beside it.
     """
+    for attempt in range(RETRIES + 1):
+        try:
+            return _download_once(url, path, sha256)
+        except _Transient as e:
+            if attempt == RETRIES:
+                raise CheckpointError(f'{e} (tried {RETRIES + 1} times)') from e.__cause__
+            wait = BACKOFF_S * 2 ** attempt
+            _log(f'{e} Trying again in {wait:.0f} s ({attempt + 1} of {RETRIES} retries).',
+                 warning=True)
+            time.sleep(wait)
+
+
+def _download_once(url: str, path: str, sha256: Optional[str]) -> None:
     import hashlib
 
     from tqdm import tqdm
@@ -127,14 +166,14 @@ def download(url: str, path: str, sha256: Optional[str] = None) -> None:
                             got += len(block)
                             bar.update(len(block))
             except Exception as e:  # HTTPError, URLError, timeouts, IncompleteRead, resets...
-                raise CheckpointError(
+                raise (_Transient if _is_transient(e) else CheckpointError)(
                     f'cannot download {url!r}: {e}. Nothing was kept; check the URL and the '
                     'network and try again, or download the file yourself and give its local '
                     'path.') from e
             f.flush()
             os.fsync(f.fileno())
         if total is not None and got != total:
-            raise CheckpointError(
+            raise _Transient(
                 f'the download of {url!r} ended after {got} of the {total} bytes announced (the '
                 'connection closed early). Nothing was kept; try again.')
         digest = h.hexdigest()
@@ -155,7 +194,6 @@ def _remove_abandoned_temporaries(path: str) -> None:
     """Delete the temporary files of earlier downloads of ``path`` that were killed (see
     ``ABANDONED_AFTER_S``); another process's live download of it keeps its own."""
     import glob
-    import time
     for tmp in glob.glob(glob.escape(path) + '.*.partial'):
         try:
             if time.time() - os.path.getmtime(tmp) > ABANDONED_AFTER_S:
@@ -173,24 +211,49 @@ def _fetch_url(url: str, sha256: Optional[str] = None) -> str:
     folder = os.path.join(torch.hub.get_dir(), 'checkpoints')
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, name)
-    if os.path.isfile(path):
-        problem = cached_download_problem(path)
-        if problem is None:
-            expected = _expected_sha(name, sha256)
-            if not expected:
-                return path
-            # a record was just checked against the file: its SHA-256 is the file's
-            if ((_read_record(path) or {}).get('sha256') or sha256_of(path)).startswith(expected):
-                return path
-            problem = f'its SHA-256 is not {expected}'
-        _log(f'the cached {path} fails its check ({problem}): downloading {url} again',
-             warning=True)
-        os.remove(path)
-        if os.path.exists(_record_path(path)):
-            os.remove(_record_path(path))
-    _log(f'downloading {url} to {path}')
-    download(url, path, sha256)
+    from filelock import FileLock
+    asked = time.time()
+    with FileLock(path + '.lock'):  # one process downloads, the others wait for its file
+        if os.path.isfile(path):
+            problem = cached_download_problem(path)
+            if problem is None:
+                expected = _expected_sha(name, sha256)
+                # a record was just checked against the file: its SHA-256 is the file's
+                if not expected or ((_read_record(path) or {}).get('sha256')
+                                    or sha256_of(path)).startswith(expected):
+                    return path
+                problem = f'its SHA-256 is not {expected}'
+            _log(f'the cached {path} fails its check ({problem}): downloading {url} again',
+                 warning=True)
+            os.remove(path)
+            if os.path.exists(_record_path(path)):
+                os.remove(_record_path(path))
+        failed = _read_failure(path)
+        if failed and failed['time'] >= asked:  # while this process waited for the lock
+            raise CheckpointError(failed['message'])
+        _log(f'downloading {url} to {path}')
+        try:
+            download(url, path, sha256)
+        except CheckpointError as e:
+            _write_failure(path, str(e))
+            raise
+        if os.path.exists(path + '.failed'):
+            os.remove(path + '.failed')
     return path
+
+
+def _read_failure(path: str) -> Optional[dict]:
+    try:
+        with open(path + '.failed') as f:
+            rec = json.load(f)
+        return rec if isinstance(rec, dict) and {'time', 'message'} <= set(rec) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _write_failure(path: str, message: str) -> None:
+    with open(path + '.failed', 'w') as f:
+        json.dump(dict(time=time.time(), message=message), f)
 
 
 # --------------------------------------------------------------------------------------------

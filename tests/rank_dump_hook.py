@@ -1,6 +1,10 @@
-"""Hook for test_distributed.py (imported by the training processes, not collected by pytest):
-every rank saves the weights it starts and ends with and the images it trained on."""
+"""Hooks for test_distributed.py (imported by the training processes, not collected by pytest):
+every rank saves the weights it starts and ends with and the images it trained on
+(``RankDumpHook``); every rank writes its pid, and one hangs at a given iteration for the test to
+kill it (``KillPointHook``)."""
+import os
 import os.path as osp
+import time
 
 import torch
 from mmengine.hooks import Hook
@@ -38,3 +42,25 @@ class RankDumpHook(Hook):
                         norms=sorted({type(m).__name__ for m in model.modules()
                                       if 'Norm' in type(m).__name__})),
                    osp.join(runner.work_dir, f'rank{runner.rank}.pth'))
+
+
+@HOOKS.register_module()
+class KillPointHook(Hook):
+    """On a torchrun job's first attempt (``TORCHELASTIC_RESTART_COUNT`` 0): every rank writes its
+    pid to ``work_dir/rank<r>.pid`` before training; rank ``rank`` writes ``work_dir/hang`` after
+    iteration ``after_iter`` (1-based) and hangs there, for the test to kill a worker."""
+    priority = 'HIGHEST'  # before the checkpoint hook of that iteration
+
+    def __init__(self, rank: int = 1, after_iter: int = 0) -> None:
+        self.rank, self.after_iter = rank, after_iter
+        self.first = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') == '0'
+
+    def before_train(self, runner) -> None:
+        if self.first:
+            with open(osp.join(runner.work_dir, f'rank{runner.rank}.pid'), 'w') as f:
+                f.write(str(os.getpid()))
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        if self.first and runner.rank == self.rank and runner.iter + 1 == self.after_iter:
+            open(osp.join(runner.work_dir, 'hang'), 'w').close()
+            time.sleep(600)

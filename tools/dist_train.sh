@@ -6,6 +6,8 @@
 #   NNODES=2 MASTER_ADDR=host0 PORT=29500 tools/dist_train.sh CONFIG 8 [train.py options]
 # RDZV_ID names the job at that endpoint (default deepvit_mm). With NODE_RANK=0|1|... set on each
 # node, the nodes are numbered by hand instead (static rendezvous, node 0 at MASTER_ADDR:PORT).
+# MAX_RESTARTS=N: when a worker or node fails, torchrun restarts the whole group up to N times;
+# with --resume each restart continues from the newest complete checkpoint (docs/training.md).
 set -euo pipefail
 CONFIG=$1
 GPUS=$2
@@ -20,5 +22,5 @@ else
   RDZV=(--node_rank="${NODE_RANK:-0}" --master_addr="$MASTER_ADDR" --master_port="$PORT")
 fi
 PYTHONPATH="$DIR/..:${PYTHONPATH:-}" exec python -m torch.distributed.run \
-  --nnodes="$NNODES" --nproc_per_node="$GPUS" "${RDZV[@]}" \
+  --nnodes="$NNODES" --nproc_per_node="$GPUS" --max-restarts="${MAX_RESTARTS:-0}" "${RDZV[@]}" \
   "$DIR/train.py" "$CONFIG" --launcher pytorch "$@"

@@ -104,7 +104,24 @@ def setup_cpu_distributed(cfg: Config) -> None:
                                'WORLD_SIZE, ...): start with tools/dist_train.sh CONFIG NPROC.')
         timeout = dist_cfg.get('timeout')
         kwargs = dict(timeout=datetime.timedelta(seconds=timeout)) if timeout else {}
-        dist.init_process_group(backend='gloo', **kwargs)
+        dist.init_process_group(backend='gloo', **kwargs, **_attempt_store(kwargs.get('timeout')))
+
+
+def _attempt_store(timeout=None) -> dict:
+    """Under torchrun on one node, the store of this attempt: after a restart (``--max-restarts``)
+    the group meets in the agent's store again, which still holds the failed group's keys; gloo
+    would read the dead workers' addresses from them and wait on those connections for ever. The
+    keys of each attempt get their own prefix (every worker of one agent has its restart count).
+    Elsewhere {} (``env://``): on several nodes an agent whose workers did not fail restarts them
+    without counting, so the counts differ; a two-node restart through torchrun's c10d
+    rendezvous is tested as it is (tests of elastic restarts: docs/training.md)."""
+    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT')
+    if attempt is None or os.environ.get('GROUP_WORLD_SIZE', '1') != '1':
+        return {}
+    store, rank, world_size = next(dist.rendezvous(
+        'env://', timeout=timeout or datetime.timedelta(minutes=30)))
+    return dict(store=dist.PrefixStore(f'attempt_{attempt}/', store), rank=rank,
+                world_size=world_size)
 
 
 def _slurm_environment(port=None) -> None:

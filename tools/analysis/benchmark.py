@@ -155,7 +155,7 @@ def main(argv=None):
     if args.device == 'auto':
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if args.device == 'cpu':  # as tools/train.py: tcmalloc when the system has it
-        from deepvit_mm.runtime import preload_tcmalloc
+        from deepvit_mm.engine import preload_tcmalloc
         preload_tcmalloc(__file__)
     if args.threads == 0:
         args.threads = torch.get_num_threads()

@@ -33,7 +33,7 @@ from mmengine.logging import print_log
 from mmengine.model import MMDistributedDataParallel, revert_sync_batchnorm
 from mmengine.registry import MODEL_WRAPPERS
 
-from ..compat.torch import cpu_fsdp_problem
+from ...compat.torch import cpu_fsdp_problem
 
 __all__ = ['CPUDistributedDataParallel', 'setup_cpu_distributed']
 
@@ -73,7 +73,7 @@ def setup_cpu_distributed(cfg: Config) -> None:
     environment torchrun sets (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``).
 
     Args:
-        cfg (Config): A config prepared by ``deepvit_mm.runtime.prepare_config`` (``launcher``
+        cfg (Config): A config prepared by ``deepvit_mm.apis.prepare_config`` (``launcher``
             set); modified in place.
     """
     launcher = cfg.get('launcher', 'none')

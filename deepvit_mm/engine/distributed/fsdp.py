@@ -34,9 +34,9 @@ from mmengine.optim import OptimWrapperDict
 from mmengine.registry import FUNCTIONS, MODEL_WRAPPERS, STRATEGIES
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from ..backbones.columnar import ColumnarBackbone
-from ..compat.mmengine import FSDPStrategy
-from .distributed import without_sync_batchnorm
+from ...compat.mmengine import FSDPStrategy
+from ...models.backbones.columnar import ColumnarBackbone
+from .ddp import without_sync_batchnorm
 
 __all__ = ['columnar_block_policy', 'GlobalNormFSDPStrategy', 'CPUFullyShardedDataParallel']
 

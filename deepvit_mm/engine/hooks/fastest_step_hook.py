@@ -31,9 +31,9 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
-from ..checkpoints import unwrap_model
-from ..compat.torch import cpu_has_bfloat16
-from .amp import CPUAmpOptimWrapper
+from ...compat.torch import cpu_has_bfloat16
+from ...utils import unwrap_model
+from ..optimizers.cpu_amp_optim_wrapper import CPUAmpOptimWrapper
 
 __all__ = ['FastestStepHook']
 

@@ -18,9 +18,9 @@ from mmengine.logging import print_log
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
-from ..compat.mmcv import run_mmcv_ops_in_float32
-from ..compat.mmengine import init_amp_optim_wrapper_without_accelerator
-from ..compat.torch import cpu_grad_scaler, cpu_has_bfloat16
+from ...compat.mmcv import run_mmcv_ops_in_float32
+from ...compat.mmengine import init_amp_optim_wrapper_without_accelerator
+from ...compat.torch import cpu_grad_scaler, cpu_has_bfloat16
 
 __all__ = ['CPUAmpOptimWrapper', 'fit_precision_to_device']
 

@@ -38,10 +38,10 @@ from mmengine.logging import print_log
 from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_CONSTRUCTORS
 
-from .backbones.columnar import ColumnarBackbone
-from .compat.timm import declared_no_weight_decay
-from .compat.torch import NORM_LAYERS, fsdp_original_ndims
-from .registry import family_registries
+from ...compat.timm import declared_no_weight_decay
+from ...compat.torch import NORM_LAYERS, fsdp_original_ndims
+from ...models.backbones.columnar import ColumnarBackbone
+from ...registry import family_registries
 
 __all__ = ['ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
            'no_weight_decay_names', 'layer_ids']

@@ -12,8 +12,8 @@ from typing import Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..compat.torch import autocast_enabled
-from ..tracing import in_graph_capture
+from ...compat.torch import autocast_enabled
+from ...tracing import in_graph_capture
 
 __all__ = ['check_arguments', 'check_out_indices', 'check_input', 'free_memory']
 

@@ -29,11 +29,11 @@ import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 
-from ..compat.timm import drop_pruned_classifier_parameters
-from ..compat.torch import BatchNormBase, autocast_enabled
-from ..pyramid import PAPER_STRIDES, ColumnarPyramid
-from ..tracing import in_graph_capture
+from ...compat.timm import drop_pruned_classifier_parameters
+from ...compat.torch import BatchNormBase, autocast_enabled
+from ...tracing import in_graph_capture
 from .checks import check_arguments, check_input, check_out_indices, free_memory
+from .columnar_pyramid import PAPER_STRIDES, ColumnarPyramid
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 from .weights import ColumnarWeights
 
@@ -141,7 +141,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
     #: False (XCiT: ``gram_xca``, CaiT: ``query_chunks``); set after ``__init__`` by the family
     fast_path_name: ClassVar[str] = ''
     #: the timm class of the trunk's blocks: one unit each of sharded training (FSDP,
-    #: ``deepvit_mm.runtime.sharded.columnar_block_policy``)
+    #: ``deepvit_mm.engine.distributed.fsdp.columnar_block_policy``)
     block_type: ClassVar[Optional[Type[nn.Module]]] = None
     families: ClassVar[List[Type['ColumnarBackbone']]] = []
 

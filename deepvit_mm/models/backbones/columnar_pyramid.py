@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmengine.model import BaseModule
 
-from .compat.torch import add_bias
-from .tracing import capturing_for_other_sizes
+from ...compat.torch import add_bias
+from ...tracing import capturing_for_other_sizes
 
 __all__ = ['ColumnarPyramid', 'ConvTranspose2x2', 'PAPER_STRIDES']
 

@@ -19,7 +19,7 @@ from typing import ContextManager
 import torch
 import torch.nn as nn
 
-from ..compat.torch import BatchNormBase, in_backward
+from ...compat.torch import BatchNormBase, in_backward
 
 __all__ = ['enable_grad_checkpointing', 'full_recomputation']
 

@@ -11,7 +11,7 @@ from typing import Dict, List, Mapping, Optional
 
 import torch
 
-from ..checkpoints import LoadReport, load_weights, read_checkpoint
+from ...checkpoints import LoadReport, load_weights, read_checkpoint
 
 __all__ = ['ColumnarWeights']
 

@@ -14,19 +14,19 @@ the heads fed by the backbone directly: mmseg's decode and auxiliary heads (``in
 input; cascades such as OCRNet, whose heads must read one stride) and MaskFormer/Mask2Former
 heads (mmdet's and mmseg's, through their pixel decoder). Anything else is not judged.
 
-The check runs before anything else does: ``CheckConsumersHook`` (``deepvit_mm.runtime``, in every
-recipe's ``custom_hooks``) before a Runner's run starts, and ``build_from_config`` and
-``build_inferencer`` once they have built the model, all through ``check_model``;
-``check_consumers(model)`` checks a built model. The backbone's forward does not check.
+The check runs before anything else does: ``CheckConsumersHook`` (``deepvit_mm.engine.hooks``,
+in every recipe's ``custom_hooks``) before a Runner's run starts, and ``build_from_config`` and
+``build_inferencer`` (``deepvit_mm.apis``) once they have built the model, all through
+``check_model``; ``check_consumers(model)`` checks a built model. The backbone's forward does not check.
 """
 from typing import List, Optional, Sequence
 
 import torch.nn as nn
 
-from .backbones import ColumnarBackbone
-from .checkpoints import unwrap_model
-from .compat.torch import ConvBase
-from .pyramid import PAPER_STRIDES
+from ...compat.torch import ConvBase
+from ...utils import unwrap_model
+from ..backbones import ColumnarBackbone
+from ..backbones.columnar_pyramid import PAPER_STRIDES
 
 __all__ = ['ChannelMismatchError', 'check_consumers', 'check_model', 'consumer_problems']
 

@@ -43,8 +43,8 @@ from mmengine.logging import print_log
 from timm.layers import PatchEmbed, resample_abs_pos_embed
 from timm.models.cait import Cait, LayerScaleBlock, checkpoint_filter_fn
 
-from ...registry import register_model
-from ...tracing import capturing_for_other_sizes
+from ....registry import register_model
+from ....tracing import capturing_for_other_sizes
 from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 

@@ -29,7 +29,7 @@ import torch
 from timm.models.cait import TalkingHeadAttn
 from timm.models.vision_transformer_sam import window_partition, window_unpartition
 
-from ...tracing import capturing_for_other_sizes
+from ....tracing import capturing_for_other_sizes
 
 __all__ = ['GridTalkingHeadAttn', 'talking_heads_chunked', 'default_query_chunk',
            'CPU_QUERY_CHUNK']

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 from timm.models.xcit import checkpoint_filter_fn
 
-from ...registry import register_model
+from ....registry import register_model
 from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
 from .fast import xca_block_forward, xca_block_forward_auto
 from .qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed

@@ -1,5 +1,6 @@
-"""Hook for test_distributed.py (imported by the training processes, not collected by pytest):
-every rank saves the weights it starts and ends with and the images it trained on."""
+"""Hook for tests/engine/distributed/test_distributed.py (imported by the training processes, not
+collected by pytest): every rank saves the weights it starts and ends with and the images it
+trained on."""
 import os.path as osp
 
 import torch

@@ -1,6 +1,7 @@
-"""Imported by training processes of test_resume.py (not collected by pytest): the checkpoint
-write whose path contains $SLOW_SAVE_MATCH writes half its bytes, flushes them, creates
-$SLOW_SAVE_MARKER and hangs, so that the test can kill the process in the middle of the write."""
+"""Imported by training processes of tests/engine/hooks/test_resume.py (not collected by pytest):
+the checkpoint write whose path contains $SLOW_SAVE_MATCH writes half its bytes, flushes them,
+creates $SLOW_SAVE_MARKER and hangs, so that the test can kill the process in the middle of the
+write."""
 import os
 import time
 

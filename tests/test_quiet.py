@@ -61,7 +61,7 @@ def test_every_recipe_loads_without_a_warning():
                                     'sem_fpn_xcit_nano_12_p16_ade_demo.py'])
 def test_building_a_model_warns_only_upstream(config):
     path = os.path.join(ROOT, 'configs', 'demo', config)
-    code = ('from deepvit_mm.runtime import build_from_config\n'
+    code = ('from deepvit_mm.apis import build_from_config\n'
             f'build_from_config({path!r})\n')
     run = _run(code, strict=True)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -28,8 +28,8 @@ checkpoint_hook = dict(type='CrashSafeCheckpointHook', max_keep_ckpts=3)
 # 'absolute_pos_embed' and 'relative_position_bias_table', match nothing in XCiT and are left out;
 # the CaiT bases translate the first to CaiT's learned position embedding. F-SNE's codes Cq, Ck, Cv
 # do not decay either: the non-linear Q/K/V paper regularises the network weights only (its eq. 7);
-# the key matches nothing in other models. tests/test_recipes.py checks every recipe against these
-# official rules. Opt-in deviation: `optim_wrapper.constructor=NoDecayOnScalesOptimizerConstructor`
+# the key matches nothing in other models. tests/configs/test_recipes.py checks every recipe against
+# these official rules. Opt-in deviation: `optim_wrapper.constructor=NoDecayOnScalesOptimizerConstructor`
 # also exempts LayerScale, temperatures, position embeddings and every norm layer
 # (deepvit_mm.engine.optimizers; docs/training.md gives its measured effect).
 paramwise_cfg = dict(custom_keys={'norm': dict(decay_mult=0.), 'qkv_codes': dict(decay_mult=0.)})

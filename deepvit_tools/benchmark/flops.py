@@ -21,8 +21,8 @@ How the count is taken:
 * Inference only: mmseg's auxiliary head (a training loss) counts in the parameters, as mmseg's
   ``get_flops`` counts it, but runs in no forward.
 
-``tests/test_zoo.py`` checks the count against an independent one: fvcore's jit-trace counter on
-timm's own model (``forward_features``), block by block.
+``tests/tools/test_zoo.py`` checks the count against an independent one: fvcore's jit-trace
+counter on timm's own model (``forward_features``), block by block.
 """
 import contextlib
 from dataclasses import dataclass, field

@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 import torch
+from conftest import ROOT
 from mmengine.config import Config
 
-from deepvit_mm.runtime.config import TTA_SCALE_RATIOS, enable_tta, set_vis_backends
+from deepvit_mm.apis.config import TTA_SCALE_RATIOS, enable_tta, set_vis_backends
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 DEMO_DET = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 
@@ -69,7 +69,7 @@ def test_set_vis_backends():
                                            dict(type='LocalVisBackend')]
     set_vis_backends(cfg, None)  # unchanged
     assert len(cfg.visualizer.vis_backends) == 2
-    with pytest.raises(ValueError, match='nosuch'):  # tests/test_tool_flags.py: every backend
+    with pytest.raises(ValueError, match='nosuch'):  # tests/tools/test_tool_flags.py: every backend
         set_vis_backends(cfg, ['nosuch'])
 
 
@@ -132,7 +132,7 @@ def _run_test(tmp_path, config, data_root, checkpoint, *extra):
 
 
 def _checkpoint(config, path):
-    from deepvit_mm.runtime import build_from_config
+    from deepvit_mm.apis import build_from_config
     model, _ = build_from_config(config)
     torch.save({'state_dict': model.state_dict()}, str(path))
 

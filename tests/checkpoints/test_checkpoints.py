@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import timm
 import torch
-from conftest import official_xcit_state_dict
+from conftest import ROOT, official_xcit_state_dict
 from mmdet.registry import MODELS
 from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner.checkpoint import _load_checkpoint
@@ -226,8 +226,7 @@ def test_mmengine_checkpoint_reads_in_a_fresh_process(tmp_path):
             'from deepvit_mm.checkpoints import read_checkpoint; '
             "b = read_checkpoint(sys.argv[1])['message_hub']['log_scalars']['loss']; "
             'print(b.min(), b.mean())')
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, '-c', code, str(path), root], capture_output=True,
+    out = subprocess.run([sys.executable, '-c', code, str(path), ROOT], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ['0.5', '0.5']

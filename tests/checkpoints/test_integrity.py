@@ -12,12 +12,10 @@ import zipfile
 
 import pytest
 import torch
-from conftest import CONFIG_DIR, serve
+from conftest import CONFIG_DIR, ROOT, serve
 
 from deepvit_mm import XCiT
 from deepvit_mm.checkpoints import CheckpointError, read_checkpoint, resolve_checkpoint
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')

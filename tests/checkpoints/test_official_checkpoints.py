@@ -21,14 +21,13 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
+from conftest import ROOT
 from mmengine.config import Config
 from mmengine.model.utils import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.runner import load_checkpoint
 
 from deepvit_mm import XCiT
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def to_official_layout(state_dict: dict) -> dict:

@@ -7,7 +7,7 @@ import os
 import pytest
 import timm
 import torch
-from conftest import build_model
+from conftest import ROOT, build_model
 from mmengine.config import Config
 from mmengine.runner import load_checkpoint
 
@@ -20,7 +20,6 @@ from deepvit_mm.checkpoints import (
     trusted_checkpoints,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DET_CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 SEG_CFG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 EVIL = "import os\nos.system('touch PWNED')\nmodel = dict()\n"

@@ -16,7 +16,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from deepvit_mm import XCiT
-from deepvit_mm.runtime import fit_precision_to_device
+from deepvit_mm.engine import fit_precision_to_device
 
 CONFIGS = sorted(p for p in glob.glob(os.path.join(CONFIG_DIR, '**', '*.py'), recursive=True)
                  if '_base_' not in os.path.relpath(p, CONFIG_DIR).split(os.sep))
@@ -87,10 +87,10 @@ def test_detection_recipe_hyper_parameters(path):
     assert f'box AP {box}, mask AP {mask}' in header
 
 
-# The opt-in NoDecayOnScalesOptimizerConstructor (deepvit_mm.optim) against the rules it stands for,
-# spelled out here by name as the recipes had them before they took the official rule
-# (tests/test_recipes.py): norm layers by type plus these name keys do not decay, everything else
-# (biases included) decays, every lr is the optimizer's.
+# The opt-in NoDecayOnScalesOptimizerConstructor (deepvit_mm.engine.optimizers) against the rules it
+# stands for, spelled out here by name as the recipes had them before they took the official rule
+# (tests/configs/test_recipes.py): norm layers by type plus these name keys do not decay, everything
+# else (biases included) decays, every lr is the optimizer's.
 FAMILY_NO_DECAY = {
     'xcit': ('.gamma1', '.gamma2', '.gamma3', '.temperature', 'pos_embed'),
     'cait': ('.gamma_1', '.gamma_2', 'pos_embed'),

@@ -22,7 +22,8 @@ import torch
 from conftest import CONFIG_DIR
 from mmengine.config import Config
 
-from deepvit_mm.runtime import build_from_config, fit_precision_to_device, load_config
+from deepvit_mm.apis import build_from_config, load_config
+from deepvit_mm.engine import fit_precision_to_device
 
 OFFICIAL_COMMIT = '9a7df94013b2945ec8532e2e4db32d03fc1ac297'
 DET_FILE = 'detection/configs/xcit/mask_rcnn_xcit_{size}_p{patch}_3x_coco.py'

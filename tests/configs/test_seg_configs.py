@@ -1,7 +1,7 @@
 """The ADE20k recipes (paper Table 6) carry the paper's settings and train as configured.
 
 Building every config's model and checking the recipes' weight-decay groups is
-tests/test_configs.py's job (it globs configs/); this file checks what is specific to the
+tests/configs/test_configs.py's job (it globs configs/); this file checks what is specific to the
 segmentation recipes.
 """
 import os
@@ -53,7 +53,7 @@ def test_segmentation_recipe_hyper_parameters(path):
     assert cfg.optim_wrapper.type == 'OptimWrapper'  # no SGD/momentum left from the base
     # 160k (UperNet) / 80k (Semantic FPN) iterations; a 1500-iteration warm-up times a linear
     # decay over the whole run (mmcv 1.x's poly with warm-up; mmengine reaches `end` at end - 1,
-    # the per-iteration values are tests/test_recipes.py's)
+    # the per-iteration values are tests/configs/test_recipes.py's)
     iters = {'160k': 160000, '80k': 80000}[sched]
     assert (cfg.train_cfg.type, cfg.train_cfg.max_iters) == ('IterBasedTrainLoop', iters)
     warm, poly = cfg.param_scheduler
@@ -104,8 +104,8 @@ def test_segmentation_recipe_hyper_parameters(path):
     assert f'mIoU {want}' in header
 
 
-# XCiT inside mmseg's own base configs is tests/test_integration.py's; these are our recipes (their
-# necks and head wiring), with the smallest backbone of the table and small inputs.
+# XCiT inside mmseg's own base configs is tests/models/test_integration.py's; these are our recipes
+# (their necks and head wiring), with the smallest backbone of the table and small inputs.
 @pytest.mark.parametrize('name', ['upernet_xcit_t12_16_160k_ade20k.py',
                                   'sem_fpn_xcit_t12_16_80k_ade20k.py'])
 def test_recipe_loss_backward_and_unpadded_predict(name):

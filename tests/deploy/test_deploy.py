@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from conftest import ROOT
 
 from deepvit_mm.compat.torch import TORCH_VERSION, onnx_dynamo_export_problem
 from deepvit_mm.deploy import (
@@ -37,7 +38,6 @@ from deepvit_tools.demo_data import make_shapes_coco
 for _module in ('onnx', 'onnxruntime', 'onnxscript'):
     require(_module)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPORT_TOOL = os.path.join(ROOT, 'tools', 'deploy', 'export_onnx.py')
 SEG_CFG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 DET_CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
@@ -141,8 +141,8 @@ def test_windowed_cait_dynamic_range_starts_above_one_window(tmp_path):
 def test_backbone_auto_choices_are_fixed_while_exporting():
     """'auto' decides per input in eager mode; while exporting it is a fixed path, so a graph
     traced at one size computes the same at another (what the tests above rely on)."""
-    from deepvit_mm.backbones.cait.window_attention import default_query_chunk
-    from deepvit_mm.backbones.xcit import fast as xcit_fast
+    from deepvit_mm.models.backbones.cait.window_attention import default_query_chunk
+    from deepvit_mm.models.backbones.xcit import fast as xcit_fast
     x = torch.zeros(1, 4096, 128)  # many tokens: the fast path helps on CPU
     assert xcit_fast.fast_path_helps(x) and not xcit_fast.fast_path_helps(x[:, :16])
     assert default_query_chunk(torch.device('cpu')) is not None
@@ -235,7 +235,8 @@ def test_detector_export_tool_matches_mmdet_boxes_on_held_out_images(tmp_path):
     images = sorted(glob.glob(os.path.join(data['root'], 'val', '*.png')))
     opts = dict(SHALLOW, **{'model.backbone.arch': 'nano_12_p16'})
     # the reference pools with mmcv's RoIAlign kernel (the demo's CPUSingleRoIExtractor equals it:
-    # tests/test_roi_extractor.py); the export is the same whichever extractor the config names
+    # tests/models/roi_heads/test_roi_extractor.py); the export is the same whichever extractor the
+    # config names
     opts.update({f'model.roi_head.{k}_roi_extractor.type': 'SingleRoIExtractor'
                  for k in ('bbox', 'mask')})
     model, task = load_model(DET_CFG, None, opts)

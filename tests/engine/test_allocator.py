@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DEMO_DET
+from conftest import DEMO_DET, ROOT
 
-from deepvit_mm.runtime import (
+from deepvit_mm.engine import (
     MALLOC_ENV,
     allocator_note,
     cpu_allocator,
@@ -19,11 +19,10 @@ from deepvit_mm.runtime import (
     preload_tcmalloc,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLIBC = sys.platform.startswith('linux') and platform.libc_ver()[0] == 'glibc'
 needs_glibc = pytest.mark.skipif(not GLIBC, reason='the restart is for Linux processes on glibc')
 TOOL = '''import os, sys
-from deepvit_mm.runtime import cpu_allocator, preload_tcmalloc
+from deepvit_mm.engine import cpu_allocator, preload_tcmalloc
 print('start', os.getpid(), cpu_allocator(), sys.flags.optimize, sys.argv[1:], flush=True)
 print('continues', preload_tcmalloc({script}), os.environ.get('LD_PRELOAD', ''), flush=True)
 '''
@@ -184,7 +183,7 @@ def test_missing_library_is_refused_by_the_tool(tmp_path):
 
 def test_keep_freed_cpu_memory_applies_on_glibc():
     """In a child process: the malloc settings are process-wide and would outlive this test."""
-    code = ('import torch; from deepvit_mm.runtime import keep_freed_cpu_memory; '
+    code = ('import torch; from deepvit_mm.engine import keep_freed_cpu_memory; '
             'applied = keep_freed_cpu_memory(); x = torch.randn(1, 64, 64, 64); '
             'y = torch.nn.functional.conv2d(x, torch.randn(64, 1, 3, 3), groups=64); '
             'print(applied, bool(torch.isfinite(y).all()))')
@@ -197,7 +196,7 @@ def test_keep_freed_cpu_memory_applies_on_glibc():
 @needs_glibc
 def test_keep_freed_cpu_memory_leaves_tcmalloc_alone(tmp_path):
     """...and a benchmark report's environment names the allocator."""
-    code = ('from deepvit_mm.runtime import keep_freed_cpu_memory, cpu_allocator; '
+    code = ('from deepvit_mm.engine import keep_freed_cpu_memory, cpu_allocator; '
             'from deepvit_tools.benchmark import environment; '
             'print(cpu_allocator(), keep_freed_cpu_memory(), environment("cpu")["malloc"])')
     lib = _stand_in(tmp_path)
@@ -215,7 +214,7 @@ def test_release_free_memory_gives_tcmallocs_cache_back(tmp_path):
         lib = find_tcmalloc()
     except FileNotFoundError:
         lib = None
-    code = ('import torch; from deepvit_mm.runtime import cpu_allocator, release_free_memory\n'
+    code = ('import torch; from deepvit_mm.engine import cpu_allocator, release_free_memory\n'
             'def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20\n'
             'x = [torch.ones(64, 2**20) for _ in range(8)]; del x\n'  # 8 x 256 MiB, freed
             'held = rss(); done = release_free_memory()\n'

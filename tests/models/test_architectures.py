@@ -21,9 +21,9 @@ import pytest
 import torch
 from conftest import DEMO_DET, EARLY, build_model, config_from_text, seg_inputs
 
-import deepvit_mm.consumers as consumers
+import deepvit_mm.models.utils.consumers as consumers
 from deepvit_mm import CaiT, CheckConsumersHook, ColumnarBackbone, XCiT
-from deepvit_mm.consumers import ChannelMismatchError, check_consumers, check_model
+from deepvit_mm.models.utils.consumers import ChannelMismatchError, check_consumers, check_model
 
 # the smallest arch of each family: XCiT with the paper's taps (12 blocks of 128 channels);
 # CaiT pruned to its first blocks (conftest.EARLY), one tap per level

@@ -12,11 +12,11 @@ import shlex
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
 
 from deepvit_mm.compat.torch import cpu_float16_training_problem
 from deepvit_tools import benchmark as bm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 DEMO_DET = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 SMALL_DET = {'model.backbone.arch': 'nano_12_p16'}  # the demo detector, cheaper
@@ -443,7 +443,7 @@ def test_split_step_leaves_the_gradients_of_a_whole_step(config, cfg_options, pa
     opts = dict(cfg_options or {}, **{'model.backbone.drop_path_rate': 0.0})
     model, task = bm.build_from_config(config, opts)
     model.train()
-    from deepvit_mm.runtime import num_classes_of
+    from deepvit_mm.apis import num_classes_of
     data = bm.synthetic_data(task, (64, 96), 2, num_classes_of(model, task), 3)
     torch.manual_seed(1)
     times = split_backward(model, data, task)
@@ -514,7 +514,7 @@ def test_step_floors_count_every_product_of_each_part():
     forward and backward: the backbone's equal torch's FlopCounterMode over the backbone alone."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from deepvit_mm.runtime import num_classes_of
+    from deepvit_mm.apis import num_classes_of
     from deepvit_tools.benchmark.step import _WorkClock, split_backward
     model, task = bm.build_from_config(DEMO_DET, {'model.backbone.arch': 'nano_12_p16',
                                                   'model.backbone.drop_path_rate': 0.0})

@@ -19,10 +19,11 @@ import sys
 
 import pytest
 import torch
+from conftest import ROOT
 from mmengine.config import Config
 
-import deepvit_mm.runtime.config as runtime_config
-from deepvit_mm.runtime import (
+import deepvit_mm.apis.config as apis_config
+from deepvit_mm.apis import (
     PALETTES,
     prepare_config,
     resolve_model,
@@ -31,7 +32,6 @@ from deepvit_mm.runtime import (
     vis_backend_types,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py')))
 DEMO_DET = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
@@ -47,7 +47,7 @@ def _run(*args, cwd, timeout=600) -> subprocess.CompletedProcess:
 
 def _checkpoint(config: str, path) -> None:
     """A checkpoint of ``config``'s model with random weights, no class names."""
-    from deepvit_mm.runtime import build_from_config
+    from deepvit_mm.apis import build_from_config
     model, _ = build_from_config(config)
     torch.save({'state_dict': model.state_dict()}, str(path))
 
@@ -126,7 +126,7 @@ def test_out_is_mmdets_pickle_or_mmsegs_folder(tmp_path):
 
 # ------------------------------------------------------------------------------ --vis-backend
 def test_vis_backends_by_name(monkeypatch):
-    monkeypatch.setattr(runtime_config, '_installed', lambda module: True)
+    monkeypatch.setattr(apis_config, '_installed', lambda module: True)
     assert vis_backend_types(['local', 'WANDB', 'MLflowVisBackend', 'neptune', 'clearml',
                               'dvclive', 'aim', 'tensorboard', 'local']) == [
         'LocalVisBackend', 'WandbVisBackend', 'MLflowVisBackend', 'NeptuneVisBackend',
@@ -144,7 +144,7 @@ def test_an_unknown_vis_backend_is_refused_with_the_names():
 
 
 def test_a_vis_backend_without_its_package_names_the_pip_install(monkeypatch, tmp_path):
-    monkeypatch.setattr(runtime_config, '_installed', lambda module: module != 'wandb')
+    monkeypatch.setattr(apis_config, '_installed', lambda module: module != 'wandb')
     cfg = Config.fromfile(DEMO_SEG)
     before = list(cfg.visualizer.vis_backends)
     with pytest.raises(ImportError, match='pip install wandb'):

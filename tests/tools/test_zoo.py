@@ -22,8 +22,8 @@ import zipfile
 import pytest
 import torch
 import yaml
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py')))
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 DEMO_DET = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
@@ -303,7 +303,7 @@ def test_mim_train_and_test_run_the_tools(installed, tmp_path):
 # ------------------------------------------------------------------------------ image demo
 def _demo_checkpoint(config: str, path) -> None:
     """A detector/segmentor checkpoint of ``config`` with random weights, no class names."""
-    from deepvit_mm.runtime import build_from_config
+    from deepvit_mm.apis import build_from_config
     model, _ = build_from_config(config)
     torch.save({'state_dict': model.state_dict()}, str(path))
 

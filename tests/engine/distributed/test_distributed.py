@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import ROOT, TESTS
 from mmengine.config import Config
 from mmengine.logging import MMLogger
 from mmengine.registry import MODEL_WRAPPERS
@@ -20,9 +21,8 @@ from mmengine.runner import Runner
 
 from deepvit_mm.checkpoints import CheckpointError, read_checkpoint
 from deepvit_mm.compat.torch import cpu_fsdp_problem
-from deepvit_mm.runtime import setup_cpu_distributed
+from deepvit_mm.engine import setup_cpu_distributed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 
@@ -83,7 +83,7 @@ def _dist_train(shapes, tmp_path, launch: str, sharded: bool = False, options=()
     env = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='1', PORT=port,
                PATH=os.pathsep.join([str(tmp_path), os.path.dirname(sys.executable),
                                      os.environ.get('PATH', '')]),
-               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, 'tests'), ROOT]))
+               PYTHONPATH=os.pathsep.join([TESTS, ROOT]))
     for k in [k for k in env if k.startswith('SLURM_') or k in ('MASTER_ADDR', 'MASTER_PORT')]:
         del env[k]
     options = ['--cfg-options', f'train_dataloader.dataset.data_root={shapes}/',
@@ -269,7 +269,7 @@ def test_sharded_checkpoints_are_read_by_every_tool(sharded, shapes, tmp_path):
     (one process, the plain config), load_from starts from it, the inferencers draw with it. A
     sharded one (state_dict_cfg='local': a folder of per-process parts) is refused, saying what to
     do, by the tools and by the loader given one of its parts."""
-    from deepvit_mm.runtime import build_inferencer
+    from deepvit_mm.apis import build_inferencer
     ckpt = sharded[0] / f'iter_{ITERS}.pth'
     cfg = tmp_path / 'plain.py'
     cfg.write_text(textwrap.dedent(f"""
@@ -435,7 +435,7 @@ def test_fsdp_trains_a_cait_segmentor(tmp_path):
         """))
     env = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='1', PORT=str(_free_port()),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', ''),
-               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, 'tests'), ROOT]))
+               PYTHONPATH=os.pathsep.join([TESTS, ROOT]))
     work = tmp_path / 'work'
     out = subprocess.run(
         ['bash', os.path.join(ROOT, 'tools', 'dist_train.sh'), str(cfg), '2', '--work-dir',

@@ -9,9 +9,10 @@ from conftest import DEMO_DET
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-import deepvit_mm.runtime.fastest_step as fastest_step
+import deepvit_mm.engine.hooks.fastest_step_hook as fastest_step
+from deepvit_mm.apis import prepare_config
 from deepvit_mm.compat.torch import cpu_has_bfloat16
-from deepvit_mm.runtime import CPUAmpOptimWrapper, FastestStepHook, prepare_config
+from deepvit_mm.engine import CPUAmpOptimWrapper, FastestStepHook
 
 WARMUP = 2
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 import torch
+from conftest import ROOT, TESTS
 
 from deepvit_mm.checkpoints import find_resumable_checkpoint, read_checkpoint
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 ENV = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='2')
 
@@ -93,7 +93,7 @@ def test_kill_during_a_checkpoint_write_loses_nothing_complete(shapes, tmp_path)
     keep1 = ['default_hooks.checkpoint.max_keep_ckpts=1']
     _run(_train_cmd(shapes, ref, 12, 4, opts=keep1))
     marker = tmp_path / 'writing'
-    env = dict(ENV, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)),
+    env = dict(ENV, PYTHONPATH=TESTS,
                SLOW_SAVE_MATCH='iter_8.pth', SLOW_SAVE_MARKER=str(marker))
     train = _train_cmd(shapes, crash, 12, 4, opts=keep1)
     cmd = [sys.executable, '-c', 'import runpy, sys, slow_save; sys.argv = sys.argv[1:]; '
@@ -156,7 +156,7 @@ def test_a_failed_last_checkpoint_write_keeps_the_old_one_and_leaves_no_temporar
     the file keeps naming the previous checkpoint and its temporary file is removed."""
     import errno
 
-    from deepvit_mm.runtime import hooks
+    from deepvit_mm.engine.hooks import crash_safe_checkpoint_hook as hooks
     marker = tmp_path / 'last_checkpoint'
     marker.write_text('/old/iter_2.pth')
 

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 import torch
-from conftest import DEMO_DET, build_model
+from conftest import DEMO_DET, ROOT, build_model
 from mmcv.ops import RoIAlign, nms
 from mmengine.config import Config
 
-from deepvit_mm.runtime import CPUAmpOptimWrapper, prepare_config
+from deepvit_mm.apis import prepare_config
+from deepvit_mm.engine import CPUAmpOptimWrapper
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = DEMO_DET
 
 

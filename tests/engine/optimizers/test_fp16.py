@@ -20,7 +20,7 @@ from mmengine.optim import OptimWrapper
 
 from deepvit_mm import CaiT, XCiT
 from deepvit_mm.compat.torch import cpu_float16_training_problem
-from deepvit_mm.runtime import CPUAmpOptimWrapper, fit_precision_to_device
+from deepvit_mm.engine import CPUAmpOptimWrapper, fit_precision_to_device
 
 pytestmark = pytest.mark.skipif(cpu_float16_training_problem() is not None,
                                 reason=str(cpu_float16_training_problem()))
@@ -218,7 +218,7 @@ def _cait_windows():
 
 
 def _adapter_gemm():
-    from deepvit_mm.pyramid import ConvTranspose2x2
+    from deepvit_mm.models.backbones.columnar_pyramid import ConvTranspose2x2
     ref = nn.ConvTranspose2d(64, 32, kernel_size=2, stride=2)
     fast = ConvTranspose2x2(64, 32)
     fast.load_state_dict(ref.state_dict())

@@ -1,20 +1,19 @@
 """Layer-wise lr decay constructor: the parameter groups of built mmdet and mmseg models."""
-import os
 
 import pytest
 import timm
 import torch
+from conftest import DEMO_DET
 from mmengine.config import Config
 from mmengine.hub import get_config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, init_default_scope
 
 from deepvit_mm import ColumnarLayerDecayOptimizerConstructor, XCiT
-from deepvit_mm.optim import no_weight_decay_names
+from deepvit_mm.engine.optimizers import no_weight_decay_names
 
 LR, WD, RATE = 1e-4, 0.05, 0.65
-DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'configs', 'demo',
-                    'mask_rcnn_xcit_nano_12_p8_shapes.py')
+DEMO = DEMO_DET
 UPERNET = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
 
 

@@ -17,7 +17,7 @@ from timm.layers import resample_abs_pos_embed
 from timm.models.cait import TalkingHeadAttn
 
 from deepvit_mm import CaiT, CheckpointError, XCiT
-from deepvit_mm.backbones.cait.window_attention import GridTalkingHeadAttn, talking_heads_chunked
+from deepvit_mm.models.backbones.cait.window_attention import GridTalkingHeadAttn, talking_heads_chunked
 
 
 def _timm_model(name: str, **kwargs) -> torch.nn.Module:
@@ -417,7 +417,7 @@ def test_cait_recipes(size):
     assert bb.img_size == res and bb.init_cfg.checkpoint.endswith(f'_{res}.pth')
     assert det.model.neck.in_channels == [dim] * 4
     # the official XCiT rule with CaiT's position embedding for Swin's (the groups of every
-    # parameter: test_recipes.py)
+    # parameter: tests/configs/test_recipes.py)
     assert det.optim_wrapper.paramwise_cfg.custom_keys == dict(
         xcit.optim_wrapper.paramwise_cfg.custom_keys, pos_embed=dict(decay_mult=0.))
 
@@ -489,7 +489,7 @@ def test_query_chunked_attention_gradients_equal_timm():
 
 
 def test_query_chunk_dispatch(monkeypatch):
-    import deepvit_mm.backbones.cait.window_attention as wa
+    import deepvit_mm.models.backbones.cait.window_attention as wa
     calls = []
     real = wa.talking_heads_chunked
     monkeypatch.setattr(wa, 'talking_heads_chunked',
@@ -518,7 +518,7 @@ def test_query_chunk_dispatch(monkeypatch):
 
 
 def test_cait_query_chunks_switch_and_parity(monkeypatch):
-    import deepvit_mm.backbones.cait.window_attention as wa
+    import deepvit_mm.models.backbones.cait.window_attention as wa
     calls = []
     real = wa.talking_heads_chunked
     monkeypatch.setattr(wa, 'talking_heads_chunked',

@@ -5,7 +5,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from deepvit_mm import ColumnarPyramid
-from deepvit_mm.pyramid import ConvTranspose2x2
+from deepvit_mm.models.backbones.columnar_pyramid import ConvTranspose2x2
 
 
 def _kinds(level):

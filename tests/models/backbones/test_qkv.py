@@ -15,7 +15,8 @@ from mmengine.optim import build_optim_wrapper
 from timm.models.xcit import XCA
 
 from deepvit_mm import CheckpointError, XCiT
-from deepvit_mm.backbones.xcit.qkv import (
+from deepvit_mm.engine import fit_precision_to_device
+from deepvit_mm.models.backbones.xcit.qkv import (
     FSNE,
     PSNE,
     SNE,
@@ -25,7 +26,6 @@ from deepvit_mm.backbones.xcit.qkv import (
     qkv_hidden,
     set_qkv_embed,
 )
-from deepvit_mm.runtime import fit_precision_to_device
 
 NONLINEAR = {
     'SNE': dict(type='SNE'),

@@ -1,14 +1,14 @@
-"""The fast XCiT forward (deepvit_mm.backbones.xcit.fast) equals timm's, forward and backward."""
+"""The fast XCiT forward (deepvit_mm.models.backbones.xcit.fast) equals timm's, forward and backward."""
 import copy
 
 import pytest
 import torch
 import torch.nn as nn
 
-import deepvit_mm.backbones.xcit.fast as xcit_fast
+import deepvit_mm.models.backbones.xcit.fast as xcit_fast
 from deepvit_mm import XCiT
-from deepvit_mm.backbones.xcit.fast import xca_block_inference, xca_from_gram
 from deepvit_mm.compat.torch import cpu_float16_training_problem
+from deepvit_mm.models.backbones.xcit.fast import xca_block_inference, xca_from_gram
 
 pytestmark = pytest.mark.numerics  # bounds that depend on the CPU's kernels
 

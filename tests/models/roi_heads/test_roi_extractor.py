@@ -5,9 +5,9 @@ import pytest
 import torch
 from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
 
-from deepvit_mm import roi_extractor
 from deepvit_mm.compat.mmcv import run_mmcv_ops_in_float32
-from deepvit_mm.roi_extractor import CPUSingleRoIExtractor
+from deepvit_mm.models.roi_heads import CPUSingleRoIExtractor
+from deepvit_mm.models.roi_heads.roi_extractors import cpu_single_level_roi_extractor as roi_extractor
 
 pytestmark = pytest.mark.numerics  # bounds that depend on the CPU's kernels
 

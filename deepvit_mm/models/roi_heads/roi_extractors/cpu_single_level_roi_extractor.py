@@ -9,7 +9,7 @@ every level in one ``F.embedding_bag`` over a table of all levels' pixels (chann
 the bilinear weights as ``per_sample_weights``: torch's multithreaded gather, and its backward a
 dense scatter-add. The weights follow mmcv's kernel exactly (its clamping at the borders, zero
 for samples beyond them, ``aligned``), so outputs and gradients equal mmcv's to float32 rounding
-(``tests/test_roi_extractor.py``).
+(``tests/models/roi_heads/test_roi_extractor.py``).
 
 The fast path needs RoIAlign layers in ``'avg'`` mode with a fixed ``sampling_ratio > 0`` (the
 adaptive ``0`` gives each RoI its own sample count) and float features on CPU; anything else runs

@@ -6,7 +6,8 @@ gathers a unit's weights only while that unit runs). What this module adds to mm
 
 * ``columnar_block_policy`` (registered in mmengine's ``FUNCTIONS``): the auto-wrap policy that
   makes every trunk block of an XCiT or CaiT backbone one FSDP unit (the families' ``block_type``);
-  the rest of the detector or segmentor (patch embedding, adapter, neck, heads) is the root unit.
+  the rest of the detector or segmentor (patch embedding, ``ColumnarPyramid``, neck, heads) is the
+  root unit.
 * ``GlobalNormFSDPStrategy`` (registered in ``STRATEGIES``): mmengine's ``FSDPStrategy`` whose
   gradient clipping by norm takes the norm of the whole gradient. mmengine's ``OptimWrapper``
   clips with ``torch.nn.utils.clip_grad_norm_`` over the parameters it holds, which under FSDP are

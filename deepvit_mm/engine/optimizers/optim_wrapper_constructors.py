@@ -4,8 +4,8 @@ decay, and the opt-in weight-decay exemption of the scales.
 Layer-wise decay (ELECTRA, Clark et al., ICLR 2020; BEiT, Bao et al., ICLR 2022; since then the
 usual way to fine-tune a pretrained ViT for detection and segmentation) gives each parameter the
 learning rate ``lr * decay_rate ** (L + 1 - layer_id)`` for an ``L``-block trunk: the embedding
-is layer 0, block ``i`` (0-based) layer ``i + 1``, and everything after the trunk (pyramid
-adapter, neck, heads) layer ``L + 1`` with the full learning rate. mmseg's and mmdet's
+is layer 0, block ``i`` (0-based) layer ``i + 1``, and everything after the trunk
+(``ColumnarPyramid``, neck, heads) layer ``L + 1`` with the full learning rate. mmseg's and mmdet's
 ``LearningRateDecayOptimizerConstructor`` do the same for BEiT/MAE/ConvNeXt from the parameter
 names of those backbones; this one subclasses the same mmengine ``DefaultOptimWrapperConstructor``
 and takes the layers from the model's structure (``trunk.blocks`` of the ``ColumnarBackbone`` it
@@ -108,7 +108,7 @@ def layer_ids(model: nn.Module) -> Tuple[Dict[str, int], int]:
         tuple[dict[str, int], int]: ``{parameter name: layer id}`` and the number of blocks
         ``L`` of the backbone's trunk: the trunk's parameters outside its blocks (patch
         embedding, position embedding/encoding) are layer 0, ``trunk.blocks.i`` layer ``i + 1``,
-        all others (adapter, neck, heads) layer ``L + 1``.
+        all others (``ColumnarPyramid``, neck, heads) layer ``L + 1``.
     """
     bb_name, backbone = _find_backbone(model)
     trunk = f'{bb_name}.trunk.' if bb_name else 'trunk.'

@@ -1,4 +1,4 @@
-"""What every columnar backbone shares: timm trunk -> taps -> pyramid adapter.
+"""What every columnar backbone shares: timm trunk -> taps -> ``ColumnarPyramid`` (``self.adapter``).
 
 A family (XCiT, CaiT) subclasses ``ColumnarBackbone`` and provides only what its paper makes
 different: the architecture table, how to build the timm trunk, how to take the taps, and how to
@@ -105,7 +105,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         out_strides (Sequence[int]): Strides of the pyramid levels; ``(8, 16, 32)`` feeds a
             3-level neck or head. Default: (4, 8, 16, 32).
         drop_path_rate (float, optional): Stochastic depth; default: the paper's for ``arch``.
-        norm_cfg (dict): Norm layers of the conv parts (trunk BatchNorms and the adapter).
+        norm_cfg (dict): Norm layers of the conv parts (trunk BatchNorms, ``ColumnarPyramid``).
             Default: ``dict(type='BN', requires_grad=True)``; use ``SyncBN`` for multi-GPU.
         frozen_stages (int): -1: nothing frozen; 0: patch embedding (and position encoding);
             k > 0: also the first k blocks. Frozen parts get no gradients and their BatchNorms

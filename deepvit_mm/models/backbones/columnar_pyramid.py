@@ -1,4 +1,5 @@
-"""Feature-pyramid adapter for columnar (single-stride) vision transformers.
+"""``ColumnarPyramid``: the feature pyramid of a columnar (single-stride) vision transformer. A
+``ColumnarBackbone`` holds it as ``adapter`` (its checkpoints' keys ``adapter.*``).
 
 XCiT appendix B.2 (Ali et al., 2021): features tapped from four blocks of a columnar model, all at
 the patch stride, are rescaled to strides 4/8/16/32 so that FPN-style necks can consume them.
@@ -6,7 +7,7 @@ Downsampling is max-pooling; upsampling is a transposed convolution (kernel 2, s
 norm and GELU between two of them when a level needs a 4x upsampling (patch 16 -> stride 4), as in
 the official XCiT detection code.
 
-The adapter knows nothing about the trunk: it takes a list of NCHW maps at one stride.
+It knows nothing about the trunk: it takes a list of NCHW maps at one stride.
 
 On CPUs the transposed convolutions run as one GEMM and a pixel shuffle (``ConvTranspose2x2``):
 kernel 2 / stride 2 means every input pixel writes its own 2x2 block, so the layer is a 1x1

@@ -1,4 +1,4 @@
-"""The pyramid adapter's contract: levels per patch size, output strides, readable errors."""
+"""ColumnarPyramid's contract: levels per patch size, output strides, readable errors."""
 import pytest
 import torch
 import torch.nn as nn

@@ -116,7 +116,7 @@ class CaiT(ColumnarBackbone):
             forward + backward ~3x faster than timm's); elsewhere timm's attention (not
             measured). ``True``: on every device; ``False``: timm's attention. With attention
             dropout active, training uses timm's attention. Default: ``'auto'``.
-        norm_cfg (dict): Norm of the pyramid adapter. Default: ``dict(type='BN', requires_grad=True)``.
+        norm_cfg (dict): Norm of ``ColumnarPyramid``. Default: ``dict(type='BN', requires_grad=True)``.
         frozen_stages (int): See ``ColumnarBackbone`` (0 freezes the patch and position
             embeddings). Default: -1.
         norm_eval (bool): See ``ColumnarBackbone``. Default: False.

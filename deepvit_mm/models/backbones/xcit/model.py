@@ -74,7 +74,7 @@ class XCiT(ColumnarBackbone):
             (``xcit_fast.fast_path_helps``: on CPUs from 2 C tokens per image, on CUDA from a
             batch's B N C^2 of 2e9 in fp32 and 4e9 in bf16/fp16); ``True``: always; ``False``:
             timm's own forward. Default: ``'auto'``.
-        norm_cfg (dict): Norm of the conv parts (patch embedding, LPI, adapter).
+        norm_cfg (dict): Norm of the conv parts (patch embedding, LPI, ``ColumnarPyramid``).
             Default: ``dict(type='BN', requires_grad=True)``.
         frozen_stages (int): See ``ColumnarBackbone``. Default: -1.
         norm_eval (bool): See ``ColumnarBackbone``. Default: False.

@@ -29,6 +29,8 @@ FAMILY = {
 NEITHER = ('mmdet', 'mmseg', 'mmsegmentation')
 TOOLS = os.path.join(ROOT, 'tools')
 
+pytestmark = pytest.mark.slow  # every test runs deepvit_mm in a fresh interpreter, most the tools
+
 
 @pytest.fixture(scope='module')
 def site_without(tmp_path_factory):

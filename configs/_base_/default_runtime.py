@@ -24,7 +24,7 @@ checkpoint_hook = dict(type='CrashSafeCheckpointHook', max_keep_ckpts=3)
 # semantic_segmentation/configs/xcit/{upernet,sem_fpn}/*.py, Swin's rule): a parameter skips it only
 # if its name contains 'norm', i.e. the blocks' LayerNorms (norm1, norm2, norm3). Everything else
 # decays: biases, LayerScale, XCA's temperature, the Fourier encoding's conv and every BatchNorm
-# (conv patch embedding, LPI, pyramid adapter, heads: mmcv names them `bn`). Swin's other two keys,
+# (conv patch embedding, LPI, ColumnarPyramid, heads: mmcv names them `bn`). Swin's other two keys,
 # 'absolute_pos_embed' and 'relative_position_bias_table', match nothing in XCiT and are left out;
 # the CaiT bases translate the first to CaiT's learned position embedding. F-SNE's codes Cq, Ck, Cv
 # do not decay either: the non-linear Q/K/V paper regularises the network weights only (its eq. 7);

@@ -137,6 +137,7 @@ def _checkpoint(config, path):
     torch.save({'state_dict': model.state_dict()}, str(path))
 
 
+@pytest.mark.slow
 def test_tools_test_tta_on_the_demo_segmentor(tmp_path):
     """12 views an image (6 scales x flip), 12 backbone forwards an image, SegTTAModel merging,
     an mIoU; without --tta one view and one forward. --vis-backend writes TensorBoard events."""
@@ -154,6 +155,7 @@ def test_tools_test_tta_on_the_demo_segmentor(tmp_path):
     assert re.search(r'mIoU: \d+\.\d+', log), log[-3000:]
 
 
+@pytest.mark.slow
 def test_tools_test_tta_on_the_demo_detector(tmp_path):
     """2 views an image (flip), DetTTAModel merging the boxes, a bbox mAP; the mask head left
     out (its tensors skipped, nothing left at init)."""

@@ -65,6 +65,7 @@ def test_cut_download_leaves_nothing_and_the_next_try_loads(saved, flaky_server,
     assert len(hits) == 2  # cached and checked: not downloaded again
 
 
+@pytest.mark.slow
 def test_killed_download_leaves_nothing_and_its_temporary_is_cleared(saved, flaky_server, hub_dir):
     """A process killed (SIGKILL) in the middle of a download: nothing under the final name; the
     next try downloads again, and clears the temporary once it is abandoned (not before: it could

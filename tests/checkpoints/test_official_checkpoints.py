@@ -221,6 +221,7 @@ def test_unpadded_input_sizes_and_minimum(arch):
         m(torch.randn(1, 3, least - 1, 64))
 
 
+@pytest.mark.slow
 def test_tools_test_on_generated_ade20k_returns_miou(tmp_path, server, monkeypatch):
     """`tools/test.py CONFIG URL` on the generated ADE20k-format data, with a checkpoint in the
     official layout (mmseg 0.x meta data) served over HTTP: it is downloaded, loads completely and

@@ -63,7 +63,7 @@ OFFICIAL_DROP_PATH = {
 SIZES = {'t12': 'tiny_12', 's12': 'small_12', 's24': 'small_24', 'm24': 'medium_24'}
 
 # Our parameter names -> the official model's (the mmdet 2 -> 3 translation): timm's trunk keeps
-# the official XCiT module names but for the Fourier encoding; the pyramid adapter's levels are
+# the official XCiT module names but for the Fourier encoding; ColumnarPyramid's levels are
 # the official fpn1..fpn4; necks and heads are named as in mmdet 2.11 / mmseg 0.11.
 XCIT_NAMES = [
     (r'^backbone\.trunk\.pos_embed\.', 'backbone.pos_embeder.'),

@@ -70,6 +70,7 @@ def _save(model: nn.Module, path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_export_runs_on_the_newest_stack_and_is_refused_at_once_elsewhere(tmp_path):
     """torch 2.13 exports (the tests above run); torch 2.1 has no dynamo exporter: the tool stops
     before building the model, with what to do, and the API raises the same."""
@@ -159,6 +160,7 @@ def test_backbone_auto_choices_are_fixed_while_exporting():
 
 
 @exports
+@pytest.mark.slow
 def test_segmentor_export_tool_matches_pytorch_at_two_sizes(tmp_path):
     """The tool end to end: a checkpoint through the safe loader, one ``--dynamic`` file,
     ``seg_logits`` at both sizes within 1e-4 of the segmentor's ``encode_decode``."""
@@ -225,6 +227,7 @@ def _preprocess(model, img: np.ndarray):
 
 
 @exports
+@pytest.mark.slow
 def test_detector_export_tool_matches_mmdet_boxes_on_held_out_images(tmp_path):
     """Boxes scoring above 0.3 in mmdet's own ``predict`` (mmcv's RoIAlign and NMS) are found by
     the exported file with the same label and IoU > 0.95, one to one, on the held-out demo

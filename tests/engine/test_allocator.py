@@ -110,6 +110,7 @@ def _run_tool(tmp_path, env, flags=()):
 
 
 @needs_glibc
+@pytest.mark.slow
 def test_tool_restarts_once_with_tcmalloc_preloaded(tmp_path):
     lib = _stand_in(tmp_path)
     lines = _run_tool(tmp_path, {MALLOC_ENV: lib}, flags=('-O',))
@@ -125,6 +126,7 @@ def test_tool_restarts_once_with_tcmalloc_preloaded(tmp_path):
 
 @needs_glibc
 @pytest.mark.parametrize('case', ['glibc chosen', 'already loaded'])
+@pytest.mark.slow
 def test_tool_is_not_restarted(tmp_path, case):
     lib = _stand_in(tmp_path)
     env = {MALLOC_ENV: 'glibc'} if case == 'glibc chosen' else {MALLOC_ENV: lib, 'LD_PRELOAD': lib}
@@ -134,6 +136,7 @@ def test_tool_is_not_restarted(tmp_path, case):
 
 
 @needs_glibc
+@pytest.mark.slow
 def test_a_preload_that_does_not_load_is_not_retried(tmp_path):
     """The restart happened but the library did not load (ld.so ignores it): no second restart."""
     bad = tmp_path / 'libtcmalloc.so.4'
@@ -144,6 +147,7 @@ def test_a_preload_that_does_not_load_is_not_retried(tmp_path):
 
 
 @needs_glibc
+@pytest.mark.slow
 def test_train_tool_runs_on_the_preloaded_allocator(shapes, tmp_path):
     """tools/train.py restarts itself with the library and logs the allocator; tcmalloc itself when
     the system has one, else the stand-in."""
@@ -171,6 +175,7 @@ def test_train_tool_runs_on_the_preloaded_allocator(shapes, tmp_path):
 
 
 @needs_glibc
+@pytest.mark.slow
 def test_missing_library_is_refused_by_the_tool(tmp_path):
     env = dict(_clean_env(), **{MALLOC_ENV: str(tmp_path / 'libtcmalloc.so.4')})
     out = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'train.py'), DEMO_DET,
@@ -181,6 +186,7 @@ def test_missing_library_is_refused_by_the_tool(tmp_path):
     assert not (tmp_path / 'work').exists()
 
 
+@pytest.mark.slow
 def test_keep_freed_cpu_memory_applies_on_glibc():
     """In a child process: the malloc settings are process-wide and would outlive this test."""
     code = ('import torch; from deepvit_mm.engine import keep_freed_cpu_memory; '
@@ -194,6 +200,7 @@ def test_keep_freed_cpu_memory_applies_on_glibc():
 
 
 @needs_glibc
+@pytest.mark.slow
 def test_keep_freed_cpu_memory_leaves_tcmalloc_alone(tmp_path):
     """...and a benchmark report's environment names the allocator."""
     code = ('from deepvit_mm.engine import keep_freed_cpu_memory, cpu_allocator; '
@@ -207,6 +214,7 @@ def test_keep_freed_cpu_memory_leaves_tcmalloc_alone(tmp_path):
 
 
 @needs_glibc
+@pytest.mark.slow
 def test_release_free_memory_gives_tcmallocs_cache_back(tmp_path):
     """tcmalloc keeps freed memory (the point of it) until asked; then the resident set falls. The
     real library where the system has one; on glibc the call trims and says so."""

@@ -91,6 +91,7 @@ def test_every_recipe_states_its_base_batch(recipe):
 
 
 # ------------------------------------------------------------------------------ --out
+@pytest.mark.slow
 def test_tools_test_out_writes_mmdets_pickle_for_its_confusion_matrix(tmp_path, shapes):
     _checkpoint(DEMO_DET, tmp_path / 'det.pth')
     opts = [f'test_dataloader.dataset.data_root={shapes}', 'test_dataloader.num_workers=0',
@@ -164,6 +165,7 @@ def _demo(*args, cwd) -> subprocess.CompletedProcess:
     return _run(os.path.join(ROOT, 'demo', 'image_demo.py'), *args, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_image_demo_takes_mmdets_flags(tmp_path):
     """A detector, random weights: a folder of images in batches of 2, predictions saved and
     printed without drawings; then drawings without predictions (``--score-thr``, deprecated);
@@ -196,6 +198,7 @@ def test_image_demo_takes_mmdets_flags(tmp_path):
     assert not (tmp_path / 'c').exists()
 
 
+@pytest.mark.slow
 def test_image_demo_segmentor_flags(tmp_path):
     from deepvit_tools.demo_data import make_ade_demo
     make_ade_demo(str(tmp_path / 'data'), num_train=1, num_val=1, size=128, seed=1)
@@ -220,6 +223,7 @@ def test_image_demo_models_by_name():
         resolve_model('rtmdet-s')
 
 
+@pytest.mark.slow
 def test_image_demo_refuses_what_it_cannot_do(tmp_path):
     run = _demo('x.jpg', DEMO_DET, '--weights', 'w.pth', '--texts', 'bench . car', cwd=tmp_path)
     assert run.returncode == 2 and 'GLIP and Grounding DINO' in run.stderr

@@ -146,6 +146,7 @@ def test_attention_counts_follow_the_papers_formulas():
     assert attention_macs(cait, macs) == 20 * windowed + 4 * full
 
 
+@pytest.mark.slow
 def test_get_flops_tool_reports_backbone_neck_and_heads(tmp_path):
     out = tmp_path / 'flops.json'
     run = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'analysis', 'get_flops.py'),
@@ -195,6 +196,7 @@ def _mim(site, *args, cwd, timeout=600):
                           timeout=timeout, env=env, cwd=str(cwd))
 
 
+@pytest.mark.slow
 def test_wheel_ships_the_model_index_tools_and_configs(installed):
     mim = installed / 'deepvit_mm' / '.mim'
     with open(mim / 'model-index.yml') as f:
@@ -216,6 +218,7 @@ def test_wheel_ships_the_model_index_tools_and_configs(installed):
         assert want and want <= got, sorted(want - got)
 
 
+@pytest.mark.slow
 def test_wheel_requires_what_import_accepts(installed):
     """pip refuses what ``import deepvit_mm`` refuses: the wheel's Requires-Dist ranges are
     version.SUPPORTED's; mmdet and mmsegmentation come only with their extras (``det``, ``seg``,
@@ -238,6 +241,7 @@ def test_wheel_requires_what_import_accepts(installed):
         '<0.0.10' in r for r in requires if r.startswith('opendatalab')), requires
 
 
+@pytest.mark.slow
 def test_mim_search_lists_every_recipe(installed, tmp_path):
     run = _mim(installed, 'search', 'deepvit_mm', cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -259,6 +263,7 @@ def test_mim_search_lists_every_recipe(installed, tmp_path):
         'mask_rcnn_xcit_m24_8_3x']
 
 
+@pytest.mark.slow
 def test_mmengine_get_config_takes_the_metafile_weights(installed, tmp_path):
     code = ("import deepvit_mm\nfrom mmengine.hub import get_config\n"
             "cfg = get_config('deepvit_mm::configs/upernet_xcit_s12_16_160k_ade20k.py', "
@@ -270,6 +275,7 @@ def test_mmengine_get_config_takes_the_metafile_weights(installed, tmp_path):
         'https://dl.fbaipublicfiles.com/xcit/ade/upernet_xcit_small_12_p16.pth', 'small_12_p16']
 
 
+@pytest.mark.slow
 def test_mim_train_and_test_run_the_tools(installed, tmp_path):
     """``mim train deepvit_mm CONFIG`` (by name: mim finds it in .mim) runs .mim/tools/train.py,
     here 2 iterations of the demo segmentor with a TensorBoard backend; ``mim test`` then
@@ -309,6 +315,7 @@ def _demo_checkpoint(config: str, path) -> None:
 
 
 @pytest.mark.parametrize('config', [DEMO_SEG, DEMO_DET], ids=['seg', 'det'])
+@pytest.mark.slow
 def test_image_demo_draws_predictions_from_a_file_and_an_url(config, tmp_path, server):
     from deepvit_tools.demo_data import make_ade_demo, make_shapes_coco
     seg = config == DEMO_SEG
@@ -340,6 +347,7 @@ def test_image_demo_draws_predictions_from_a_file_and_an_url(config, tmp_path, s
     assert hits == ['/model.pth']  # downloaded once
 
 
+@pytest.mark.slow
 def test_image_demo_names_the_missing_weights(tmp_path):
     run = subprocess.run([sys.executable, os.path.join(ROOT, 'demo', 'image_demo.py'), 'x.jpg',
                           DEMO_SEG, '--weights', str(tmp_path / 'nothing.pth')],

@@ -120,6 +120,8 @@ def one_node(shapes, tmp_path_factory):
     return work, log
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_two_cpu_processes_end_with_identical_weights(one_node):
     work, log = one_node
     r0, r1 = (read_checkpoint(str(work / f'rank{r}.pth')) for r in (0, 1))
@@ -142,6 +144,8 @@ def test_two_cpu_processes_end_with_identical_weights(one_node):
 
 
 @pytest.mark.parametrize('launch', ['nodes', 'slurm'])
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_two_nodes_end_with_the_weights_of_one_node(one_node, shapes, tmp_path, launch):
     """2 nodes x 1 process (torchrun's c10d rendezvous; Slurm's task environment through
     mmengine's slurm launcher) train the same weights as 1 node x 2 processes, bit for bit."""
@@ -193,6 +197,8 @@ def sharded(one_node, shapes, tmp_path_factory):
 
 @needs_cpu_fsdp
 @pytest.mark.parametrize('variant', ['recipe', 'layer_decay_with_cp'])
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_fsdp_trains_the_weights_of_ddp(one_node, sharded, shapes, tmp_path, variant):
     """configs/_base_/fsdp.py on 2 CPU processes: one FSDP unit per trunk block, and after 4 steps
     its full checkpoint (gathered on rank 0) holds the weights DDP trained, bit for bit. The
@@ -224,6 +230,8 @@ def test_fsdp_trains_the_weights_of_ddp(one_node, sharded, shapes, tmp_path, var
 
 
 @needs_cpu_fsdp
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_fsdp_clips_by_the_norm_of_the_whole_gradient(one_node, shapes, tmp_path):
     """The demo clips gradients at norm 5. With mmengine's FSDPStrategy each process clips by the
     norm of its own shards; GlobalNormFSDPStrategy (configs/_base_/fsdp.py) by the whole
@@ -243,6 +251,8 @@ def test_fsdp_clips_by_the_norm_of_the_whole_gradient(one_node, shapes, tmp_path
 
 @pytest.mark.parametrize('sharded_run', [False, pytest.param(True, marks=needs_cpu_fsdp)],
                          ids=['ddp', 'fsdp'])
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_two_process_run_resumes_bit_identical(shapes, tmp_path, sharded_run):
     """--resume of a 2-process run (DDP, or FSDP from its whole checkpoint) after step 2 ends
     where the uninterrupted run did: each process gets its own RNG state back (RNGStateHook), and
@@ -264,6 +274,8 @@ def test_two_process_run_resumes_bit_identical(shapes, tmp_path, sharded_run):
 
 
 @needs_cpu_fsdp
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_sharded_checkpoints_are_read_by_every_tool(sharded, shapes, tmp_path):
     """The whole checkpoint a sharded run writes is an ordinary one: tools/test.py evaluates it
     (one process, the plain config), load_from starts from it, the inferencers draw with it. A
@@ -310,6 +322,7 @@ def test_sharded_checkpoints_are_read_by_every_tool(sharded, shapes, tmp_path):
         read_checkpoint(str(parts / 'rank0.pth'))
 
 
+@pytest.mark.slow
 def test_slurm_train_hands_the_command_to_srun(tmp_path):
     fake = tmp_path / 'srun'
     fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$SRUN_LOG"\n')
@@ -417,6 +430,8 @@ def test_fsdp_on_cpu_is_refused_at_once_where_torch_cannot(monkeypatch):
 
 
 @needs_cpu_fsdp
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_fsdp_trains_a_cait_segmentor(tmp_path):
     """configs/_base_/fsdp.py on an mmseg model with a CaiT backbone: the segmentation demo with
     CaiT-XXS24 trains 2 steps on 2 CPU processes, one FSDP unit per block, and its whole

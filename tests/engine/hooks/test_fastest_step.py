@@ -68,6 +68,7 @@ def _train(cfg, spy) -> Runner:
 
 
 @pytest.mark.parametrize('winner_precision', ['float32', 'bfloat16'])
+@pytest.mark.slow
 def test_the_trial_cycles_the_settings_then_trains_in_the_fastest(shapes, tmp_path, monkeypatch,
                                                                   winner_precision):
     if winner_precision == 'bfloat16' and not cpu_has_bfloat16():
@@ -96,6 +97,7 @@ def test_the_trial_cycles_the_settings_then_trains_in_the_fastest(shapes, tmp_pa
     assert resumed.iter == iters + 2 and spy2.seen == [winner] * 2
 
 
+@pytest.mark.slow
 def test_a_disturbed_trial_is_overruled_by_the_rechecks(shapes, tmp_path, monkeypatch):
     """The first trial times the truly fastest setting while another process shares the cores
     (it looks slowest) and the run starts in another; the rechecks time each setting again and the
@@ -131,6 +133,7 @@ def test_bfloat16_is_no_candidate_without_native_support(monkeypatch):
     assert FastestStepHook(threads=[2]).candidates(wrapper) == [('float32', 2), ('bfloat16', 2)]
 
 
+@pytest.mark.slow
 def test_bfloat16_is_not_native_on_avx2_kernels():
     """Capped at its AVX2 kernels (an AVX2-only CPU, or ATEN_CPU_CAPABILITY=avx2), torch emulates
     bfloat16 whatever the CPU's flags: no bfloat16 candidate then."""

@@ -50,6 +50,7 @@ def _losses(work_dir):
     return [(r['iter'], r['loss']) for r in rows if 'loss' in r]
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted_run(shapes, tmp_path):
     ref, crash = tmp_path / 'ref', tmp_path / 'crash'
     _run(_train_cmd(shapes, ref, 12, 4))
@@ -68,6 +69,7 @@ def test_sigkill_then_resume_equals_uninterrupted_run(shapes, tmp_path):
     assert not diff, f'{len(diff)} tensors differ, e.g. {diff[:3]}'
 
 
+@pytest.mark.slow
 def test_same_seed_same_losses(shapes, tmp_path):
     a, b = tmp_path / 'a', tmp_path / 'b'
     _run(_train_cmd(shapes, a, 20, 100))
@@ -85,6 +87,7 @@ def _kill_when(proc, done, what):
     proc.wait()
 
 
+@pytest.mark.slow
 def test_kill_during_a_checkpoint_write_loses_nothing_complete(shapes, tmp_path):
     """With max_keep_ckpts=1, a run killed while it writes iter_8 keeps iter_4 (mmengine's own
     hook deletes it first), resumes from it, leaves no temp file and ends bit-identical to an
@@ -114,6 +117,7 @@ def test_kill_during_a_checkpoint_write_loses_nothing_complete(shapes, tmp_path)
     assert not diff, f'{len(diff)} tensors differ, e.g. {diff[:3]}'
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_training(shapes, tmp_path):
     cmd = _train_cmd(shapes, tmp_path / 'wd', 6, 2,
                      opts=['model.roi_head.bbox_head.loss_bbox.loss_weight=nan'])
@@ -125,6 +129,7 @@ def test_non_finite_loss_stops_training(shapes, tmp_path):
     assert not [n for n in os.listdir(tmp_path / 'wd') if n.endswith('.pth')]
 
 
+@pytest.mark.slow
 def test_disk_full_during_a_checkpoint_write_stops_with_one_message(shapes, tmp_path):
     """A real run resumed under a file-size limit below a checkpoint's size (RLIMIT_FSIZE: the
     write fails with EFBIG, as on a full disk or quota): one message, the previous checkpoint kept
@@ -181,6 +186,7 @@ def test_resume_skips_an_incomplete_last_checkpoint(tmp_path):
     assert find_resumable_checkpoint(str(tmp_path / 'nothing_here')) is None
 
 
+@pytest.mark.slow
 def test_resume_never_evaluates_config_text_planted_in_the_checkpoint(shapes, tmp_path):
     """mmengine's Runner.resume evaluates meta['config'] with Config.fromstring: code planted there
     (in an otherwise plain-data checkpoint) does not run; the run stops with a message."""
@@ -205,6 +211,7 @@ class _Payload:
 
 
 @pytest.mark.parametrize('tool', ['test', 'resume'])
+@pytest.mark.slow
 def test_pickle_payload_refused_by_the_tools(shapes, tmp_path, tool):
     """``tools/test.py CKPT`` and ``tools/train.py --resume CKPT`` refuse a checkpoint that would
     run a command when unpickled, say why, and run nothing."""

@@ -84,6 +84,7 @@ def test_bf16_losses_close_to_float32():
 
 
 
+@pytest.mark.slow
 def test_train_amp_on_cpu_gives_finite_losses(shapes, tmp_path):
     iters = 3
     cmd = [sys.executable, os.path.join(ROOT, 'tools', 'train.py'), CFG, '--amp', '--work-dir',

@@ -45,7 +45,7 @@ def _xcit_paper(arch):
 
 def _cait_paper(arch):
     # CaiT Table 3 (d, heads = d / 48) and Table 4 (drop rate, LayerScale eps); taps: blocks at
-    # 1/3, 1/2, 2/3 and the end of the trunk (deepvit_mm's choice, see backbones/cait/model.py)
+    # 1/3, 1/2, 2/3 and the end of the trunk (deepvit_mm's choice, see models/backbones/cait/model.py)
     size, depth = arch[:-2], int(arch[-2:])
     dim = {'xxs': 192, 'xs': 288, 's': 384, 'm': 768}[size]
     drop, eps = {'xxs24': (0.05, 1e-5), 'xxs36': (0.1, 1e-6), 'xs24': (0.05, 1e-5),

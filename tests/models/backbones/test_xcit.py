@@ -15,7 +15,7 @@ def test_timm_name_forms_accepted():
 
 
 def test_syncbn_norm_cfg_replaces_trunk_batchnorms():
-    # the conv patch embedding's and every LPI's BatchNorms, not only the pyramid adapter's
+    # the conv patch embedding's and every LPI's BatchNorms, not only ColumnarPyramid's
     m = XCiT('nano_12_p16', norm_cfg=dict(type='SyncBN', requires_grad=True))
     bns = [mod for mod in m.modules() if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm)]
     assert bns and all(isinstance(b, torch.nn.SyncBatchNorm) for b in bns)

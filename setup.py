@@ -125,7 +125,7 @@ setup(
         'mim': ['openmim', 'opendatalab<0.0.10'],
         # ONNX export (torch.onnx's exporter needs onnxscript) and ONNX Runtime
         'deploy': ['onnx', 'onnxruntime', 'onnxscript'],
-        # tests/test_zoo.py runs mim and checks the FLOPs against fvcore's count;
+        # tests/tools/test_zoo.py runs mim and checks the FLOPs against fvcore's count;
         # tools/train.py and tools/test.py --vis-backend tensorboard
         'tests': ['pytest', 'ruff', 'openmim', 'opendatalab<0.0.10', 'fvcore', 'tensorboard'],
     },

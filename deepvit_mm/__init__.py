@@ -12,7 +12,6 @@ from .version import __version__
 
 check_versions()
 
-from .backbones import CaiT, ColumnarBackbone, XCiT  # noqa: E402
 from .checkpoints import (  # noqa: E402
     CheckpointError,
     install_mmengine_loader,
@@ -21,19 +20,17 @@ from .checkpoints import (  # noqa: E402
     trusted_checkpoints,
 )
 from .compat.mmengine import register_config_package  # noqa: E402
-from .optim import (  # noqa: E402
-    ColumnarLayerDecayOptimizerConstructor,
-    NoDecayOnScalesOptimizerConstructor,
-)
-from .pyramid import ColumnarPyramid  # noqa: E402
-from .runtime import (  # noqa: E402
+from .engine import (  # noqa: E402
     CheckConsumersHook,
+    ColumnarLayerDecayOptimizerConstructor,
     CPUAmpOptimWrapper,
     CPUDistributedDataParallel,
     CrashSafeCheckpointHook,
     FiniteLossHook,
+    NoDecayOnScalesOptimizerConstructor,
     RNGStateHook,
 )
+from .models import CaiT, ColumnarBackbone, ColumnarPyramid, XCiT  # noqa: E402
 
 install_mmengine_loader()
 register_config_package('deepvit_mm', __path__[0])  # `_base_ = 'deepvit_mm::configs/...'`
@@ -45,7 +42,7 @@ __all__ = ['__version__', 'XCiT', 'CaiT', 'ColumnarBackbone', 'ColumnarPyramid',
            'read_checkpoint', 'load_weights', 'trusted_checkpoints']
 
 if 'mmdet' in installed_families():
-    from .roi_extractor import CPUSingleRoIExtractor  # noqa: F401  (in __all__)
+    from .models.roi_heads import CPUSingleRoIExtractor  # noqa: F401  (in __all__)
     __all__.append('CPUSingleRoIExtractor')
 
 

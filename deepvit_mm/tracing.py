@@ -1,6 +1,6 @@
 """Whether the model is being captured into a graph, and what kind of graph.
 
-Two questions, asked by the backbones and the adapter:
+Two questions, asked by the backbones and their ``ColumnarPyramid``:
 
 * ``in_graph_capture()``: any capture (ONNX export, ``torch.export``, TorchScript tracing,
   ``torch.compile``). Checks that read tensor values (a NaN in the input, free memory) are skipped

@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-PALETTES = ('coco', 'voc', 'citys', 'random', 'none')  # deepvit_mm.runtime.PALETTES
+PALETTES = ('coco', 'voc', 'citys', 'random', 'none')  # deepvit_mm.apis.PALETTES
 
 
 def parse_args():
@@ -59,7 +59,7 @@ def parse_args():
 def main():
     args = parse_args()
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
-    from deepvit_mm.runtime import build_inferencer, resolve_model, run_inferencer
+    from deepvit_mm.apis import build_inferencer, resolve_model, run_inferencer
     try:
         config, weights = resolve_model(args.model, args.weights)
         inferencer, task = build_inferencer(config, weights, args.device, args.palette)

@@ -25,7 +25,8 @@ import threading
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))  # the helpers (slow_save.py, rank_dump_hook.py)
+ROOT = os.path.dirname(TESTS)
 sys.path.insert(0, ROOT)
 
 import deepvit_mm  # noqa: E402,F401  (registers the backbones)
@@ -119,7 +120,7 @@ def logged(monkeypatch):
 
 # ------------------------------------------------------------------------------ model builders
 def build_model(cfg, *, pretrained: bool = False) -> torch.nn.Module:
-    """A config's whole detector or segmentor on CPU, as ``deepvit_mm.runtime.build_from_config``
+    """A config's whole detector or segmentor on CPU, as ``deepvit_mm.apis.build_from_config``
     builds it: mmdet's or mmseg's ``MODELS`` by the config's ``default_scope``, under that scope
     only, SyncBN reverted to BN (as mmengine's Runner does in one process), ``init_weights()`` run.
 
@@ -129,7 +130,7 @@ def build_model(cfg, *, pretrained: bool = False) -> torch.nn.Module:
             ``init_weights``). Default: False (dropped: the tests have no weights files; so is
             mmseg's ``model.pretrained``).
     """
-    from deepvit_mm.runtime import build_from_config
+    from deepvit_mm.apis import build_from_config
     cfg = copy.deepcopy(cfg)
     if not pretrained:
         cfg.model.backbone.init_cfg = None

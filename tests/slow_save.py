@@ -1,7 +1,8 @@
-"""Imported by training processes of test_resume.py (not collected by pytest): the checkpoint
-write whose path contains $SLOW_SAVE_MATCH writes half its bytes, flushes them, creates
-$SLOW_SAVE_MARKER and hangs, so that the test can kill the process in the middle of the write
-(under torchrun: on the job's first attempt only)."""
+"""Imported by training processes of tests/engine/hooks/test_resume.py and
+tests/engine/distributed/test_distributed.py (not collected by pytest): the checkpoint write whose
+path contains $SLOW_SAVE_MATCH writes half its bytes, flushes them, creates $SLOW_SAVE_MARKER and
+hangs, so that the test can kill the process in the middle of the write (under torchrun: on the
+job's first attempt only)."""
 import os
 import time
 

@@ -40,11 +40,13 @@ def _run(code: str, *, strict: bool) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_import_prints_nothing():
     run = _run('import deepvit_mm', strict=False)
     assert run.returncode == 0 and run.stdout == '' and run.stderr == '', run.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_every_recipe_loads_without_a_warning():
     """mmengine's Config.fromfile on every recipe and demo config (their custom_imports import
     deepvit_mm), with Python's default filters: nothing on stderr (with the stacks' setuptools,
@@ -59,9 +61,10 @@ def test_every_recipe_loads_without_a_warning():
 
 @pytest.mark.parametrize('config', ['mask_rcnn_xcit_nano_12_p8_shapes.py',
                                     'sem_fpn_xcit_nano_12_p16_ade_demo.py'])
+@pytest.mark.slow
 def test_building_a_model_warns_only_upstream(config):
     path = os.path.join(ROOT, 'configs', 'demo', config)
-    code = ('from deepvit_mm.runtime import build_from_config\n'
+    code = ('from deepvit_mm.apis import build_from_config\n'
             f'build_from_config({path!r})\n')
     run = _run(code, strict=True)
     assert run.returncode == 0, run.stderr[-3000:]

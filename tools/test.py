@@ -9,18 +9,16 @@ from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from deepvit_mm.checkpoints import require_complete_model, resolve_checkpoint  # noqa: E402
-from deepvit_mm.runtime import (  # noqa: E402
+from deepvit_mm.apis import (  # noqa: E402
     VIS_BACKENDS,
-    allocator_note,
     enable_tta,
     enable_visualization,
     prepare_config,
     set_test_out,
     set_vis_backends,
-    setup_cpu_distributed,
-    setup_cpu_malloc,
 )
+from deepvit_mm.checkpoints import require_complete_model, resolve_checkpoint  # noqa: E402
+from deepvit_mm.engine import allocator_note, setup_cpu_distributed, setup_cpu_malloc  # noqa: E402
 
 
 def parse_args():

@@ -9,13 +9,11 @@ from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from deepvit_mm.runtime import (  # noqa: E402
-    VIS_BACKENDS,
+from deepvit_mm.apis import VIS_BACKENDS, prepare_config, set_vis_backends  # noqa: E402
+from deepvit_mm.engine import (  # noqa: E402
     CheckpointWriteError,
     allocator_note,
     fit_precision_to_device,
-    prepare_config,
-    set_vis_backends,
     setup_cpu_distributed,
     setup_cpu_malloc,
 )

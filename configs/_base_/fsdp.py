@@ -8,7 +8,7 @@
 # On a machine without CUDA the processes run with gloo (torch >= 2.13). docs/training.md.
 runner_type = 'FlexibleRunner'
 # GlobalNormFSDPStrategy: mmengine's FSDPStrategy whose gradient clipping (clip_grad) takes the
-# norm of the whole gradient, not of each process's shard (deepvit_mm.runtime.sharded).
+# norm of the whole gradient, not of each process's shard (deepvit_mm.engine.distributed.fsdp).
 strategy = dict(
     type='GlobalNormFSDPStrategy',
     model_wrapper=dict(auto_wrap_policy=dict(type='columnar_block_policy'), use_orig_params=True),

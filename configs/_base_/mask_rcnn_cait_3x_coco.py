@@ -2,7 +2,7 @@
 # the XCiT recipe (schedules/mask_rcnn_3x_coco.py) unchanged, so the two families share one schedule.
 #
 # Backbone: taps at 1/3, 1/2, 2/3 and the end of the trunk (blocks 8/12/16/24 of 24), stride 16 ->
-# the pyramid adapter's ConvT-BN-GELU-ConvT / ConvT / identity / max-pool levels. At 800x1333 a
+# ColumnarPyramid's ConvT-BN-GELU-ConvT / ConvT / identity / max-pool levels. At 800x1333 a
 # /16 grid has ~4,200 tokens: global talking-heads attention in all 24 blocks would hold several
 # 8 x 4200 x 4200 maps per block (tens of GB per image), so, as ViTDet does for ViT, the blocks
 # attend within 14x14-patch windows (the 224-pretraining grid) except the four tapped blocks,
@@ -32,7 +32,7 @@ model = dict(
         # drop path and LayerScale init default to the paper's Table 4 for `arch`
         window_size=14,  # global attention only in the tapped blocks (global_blocks=out_indices)
         with_cp=True,
-        # SyncBN in the pyramid adapter (the only BatchNorm); mmengine's Runner reverts it to BN in
+        # SyncBN in ColumnarPyramid (the only BatchNorm); mmengine's Runner reverts it to BN in
         # a non-distributed run
         norm_cfg=dict(type='SyncBN', requires_grad=True),
         init_cfg=dict(type='Pretrained', checkpoint=pretrained)),

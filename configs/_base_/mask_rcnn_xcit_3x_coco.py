@@ -20,7 +20,7 @@ model = dict(
         arch=arch,
         # drop path and LayerScale init default to the paper's Table B.1 for `arch`; taps to the
         # paper's blocks (out_indices)
-        # SyncBN (the BatchNorms of the conv patch embedding, LPI and pyramid adapter) as in the
+        # SyncBN (the BatchNorms of the conv patch embedding, LPI and ColumnarPyramid) as in the
         # paper's multi-GPU training. In a non-distributed run (one GPU, CPU) mmengine's Runner
         # reverts SyncBN to BN by itself; `--cfg-options model.backbone.norm_cfg.type=BN` says
         # so explicitly.

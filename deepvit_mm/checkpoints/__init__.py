@@ -10,8 +10,7 @@ One module per job, each depending only on those above it:
 ``stored_config``      config text mmengine stores in checkpoints and would evaluate
 ``reading``            ``read_checkpoint``: verified, then unpickled with an allowlist only
 ``matching``           ``load_weights``: one matcher for every loading path, one report
-``mmengine_hooks``     mmengine's reader and ``load_state_dict`` routed here; ``--resume`` lookup;
-                       the model inside mmengine's wrappers
+``mmengine_hooks``     mmengine's reader and ``load_state_dict`` routed here; ``--resume`` lookup
 =====================  ============================================================================
 
 Nothing here imports the backbones: a module that takes its weights through the matcher implements
@@ -28,7 +27,7 @@ from .matching import (
     require_complete_model,
     weights_targets,
 )
-from .mmengine_hooks import find_resumable_checkpoint, install_mmengine_loader, unwrap_model
+from .mmengine_hooks import find_resumable_checkpoint, install_mmengine_loader
 from .reading import is_readable_checkpoint, read_checkpoint, safe_globals
 from .stored_config import config_text_problem
 from .trust import TRUST_ENV, trusted_checkpoints
@@ -38,5 +37,5 @@ __all__ = [
     'trusted_checkpoints', 'HUB_PREFIX', 'resolve_checkpoint', 'read_checkpoint',
     'extract_state_dict', 'load_weights', 'weights_targets', 'install_mmengine_loader',
     'find_resumable_checkpoint', 'is_readable_checkpoint', 'require_complete_model',
-    'config_text_problem', 'unwrap_model'
+    'config_text_problem'
 ]

@@ -17,10 +17,11 @@ import torch
 import torch.nn as nn
 
 from ..compat.mmengine import route_load_state_dict, source_of, tag_source
+from ..utils import unwrap_model
 from .matching import load_weights, weights_targets
 from .reading import is_readable_checkpoint, read_checkpoint
 
-__all__ = ['install_mmengine_loader', 'find_resumable_checkpoint', 'unwrap_model']
+__all__ = ['install_mmengine_loader', 'find_resumable_checkpoint']
 
 
 def _mmengine_read(filename: str, map_location=None) -> Mapping:
@@ -33,15 +34,6 @@ def _mmengine_read(filename: str, map_location=None) -> Mapping:
 
 def _mmengine_read_url(filename: str, map_location=None, model_dir=None, **kwargs) -> Mapping:
     return _mmengine_read(filename, map_location)
-
-
-def unwrap_model(module: nn.Module) -> nn.Module:
-    """The detector or segmentor inside mmengine's model wrappers (``MMDistributedDataParallel``,
-    ...) and test-time augmentation models (``BaseTTAModel``), as mmengine holds it."""
-    from mmengine.model import BaseTTAModel, is_model_wrapper
-    while is_model_wrapper(module) or isinstance(module, BaseTTAModel):
-        module = module.module
-    return module
 
 
 def _load_into_targets(module: nn.Module, state_dict: Mapping, strict: bool) -> bool:

@@ -13,9 +13,9 @@ data preprocessors of the recipes pad to and what the backbones pad to themselve
 no padding branch depends on the size. Inside that range the graph has no size-dependent Python
 branch left: the backbones skip their value checks while exporting and take fixed choices where
 their ``'auto'`` fast paths (``gram_xca``, ``query_chunks``) would decide per input
-(``deepvit_mm/backbones/xcit/fast.py``, ``cait/window_attention.py``, ``cait/model.py``'s position
-embedding), and the heads' layers that would freeze it run their export forms (``layers.py``:
-mmseg's ``Upsample``, ``AdaptiveAvgPool2d``).
+(``deepvit_mm/models/backbones/xcit/fast.py``, ``cait/window_attention.py``, ``cait/model.py``'s
+position embedding), and the heads' layers that would freeze it run their export forms
+(``layers.py``: mmseg's ``Upsample``, ``AdaptiveAvgPool2d``).
 """
 import os
 from typing import List, Optional, Sequence, Tuple
@@ -64,8 +64,8 @@ def load_model(config: str, checkpoint: Optional[str] = None, cfg_options: Optio
     Returns:
         tuple[nn.Module, str]: the model and its task (``'det'`` or ``'seg'``).
     """
+    from ..apis.config import build_from_config, load_config
     from ..checkpoints import load_weights, read_checkpoint, resolve_checkpoint
-    from ..runtime.config import build_from_config, load_config
     model, task = build_from_config(load_config(config, cfg_options))
     if checkpoint is not None:
         path = resolve_checkpoint(checkpoint)
@@ -89,7 +89,7 @@ def dynamic_range(wrapper: nn.Module) -> Tuple[int, int]:
     attention needs more than one window a side (from ``window_size * patch_size + 1`` pixels,
     e.g. 256 for 14-patch windows at /16): a grid that fits in one window is attended globally,
     without padding, a different computation the graph cannot switch to."""
-    from ..backbones import ColumnarBackbone
+    from ..models.backbones import ColumnarBackbone
     lo = DYNAMIC_MIN
     for m in wrapper.modules():
         if isinstance(m, ColumnarBackbone) and getattr(m, 'window_size', 0):

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from deepvit_mm.deploy.parity import max_rel_err
-from deepvit_mm.runtime.allocator import release_free_memory
+from deepvit_mm.engine.allocator import release_free_memory
 
 from .baselines import BASELINES
 from .batches import backbone_input

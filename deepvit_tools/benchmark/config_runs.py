@@ -79,7 +79,8 @@ def _test(config: str, checkpoint: str, work_dir: str, cfg_options: Optional[dic
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
 
-    from deepvit_mm.runtime import keep_freed_cpu_memory, prepare_config, setup_cpu_distributed
+    from deepvit_mm.apis import prepare_config
+    from deepvit_mm.engine import keep_freed_cpu_memory, setup_cpu_distributed
     if not torch.cuda.is_available():
         keep_freed_cpu_memory()  # process-wide, as tools/test.py: this process only
     cfg = prepare_config(config, work_dir=work_dir, cfg_options=cfg_options, load_from=checkpoint)
@@ -92,7 +93,7 @@ def evaluate_checkpoint(config: str, checkpoint: str, work_dir: str,
                         cfg_options: Optional[dict] = None, timeout: Optional[float] = None
                         ) -> Dict[str, float]:
     """Evaluate ``checkpoint`` with ``config``'s test set and metric, as ``tools/test.py`` does
-    (``deepvit_mm.runtime.prepare_config``, then mmengine's ``Runner.test``), in a fresh process.
+    (``deepvit_mm.apis.prepare_config``, then mmengine's ``Runner.test``), in a fresh process.
     For an ADE20k config: single-scale mIoU on ADE20k val (the recipes' test pipelines have no
     flip; mmseg's test-time augmentation runs only when asked for); for a COCO one, box/mask mAP.
 

@@ -21,8 +21,8 @@ How the count is taken:
 * Inference only: mmseg's auxiliary head (a training loss) counts in the parameters, as mmseg's
   ``get_flops`` counts it, but runs in no forward.
 
-``tests/test_zoo.py`` checks the count against an independent one: fvcore's jit-trace counter on
-timm's own model (``forward_features``), block by block.
+``tests/tools/test_zoo.py`` checks the count against an independent one: fvcore's jit-trace
+counter on timm's own model (``forward_features``), block by block.
 """
 import contextlib
 from dataclasses import dataclass, field
@@ -176,7 +176,7 @@ def _params(m: Optional[nn.Module]) -> int:
 def _counting_backbone(backbone: nn.Module) -> Iterator[None]:
     """The backbone as its architecture computes it: a deepvit_mm backbone runs timm's forward
     (the multiply-adds the papers count) rather than its faster path, restored afterwards."""
-    from deepvit_mm.backbones import ColumnarBackbone
+    from deepvit_mm.models.backbones import ColumnarBackbone
     if not isinstance(backbone, ColumnarBackbone):
         yield
         return
@@ -289,10 +289,10 @@ def _on_meta(m: nn.Module) -> bool:
 
 def _build_on_meta(cfg) -> Tuple[nn.Module, str]:
     """The config's model with every tensor on the ``meta`` device: no memory, no initialisation
-    (``deepvit_mm.runtime.build_from_config(cfg, device='meta')``), its build logs muted."""
+    (``deepvit_mm.apis.build_from_config(cfg, device='meta')``), its build logs muted."""
     from mmengine.logging import MMLogger
 
-    from deepvit_mm.runtime.config import build_from_config
+    from deepvit_mm.apis.config import build_from_config
     # building logs at INFO now and then: keep the count's output to itself
     logger = MMLogger.get_current_instance()
     level = logger.level

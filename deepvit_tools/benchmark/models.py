@@ -3,7 +3,7 @@
 * a backbone named by its arch (``small_12_p8``, ``s24``, timm names too): the family that knows
   the name (XCiT, CaiT, any ``ColumnarBackbone`` subclass) is built by ``type`` through mmdet's
   ``MODELS``, exactly as ``model.backbone`` of a config is;
-* a config's whole detector or segmentor: ``deepvit_mm.runtime``'s ``load_config`` and
+* a config's whole detector or segmentor: ``deepvit_mm.apis``' ``load_config`` and
   ``build_from_config`` (mmdet's or mmseg's ``MODELS`` by the config's ``default_scope``, no
   weights file, SyncBN reverted to BN), as ONNX export builds it.
 """
@@ -12,7 +12,7 @@ from typing import Tuple, Type
 
 import torch.nn as nn
 
-from deepvit_mm.runtime.config import build_from_config, load_config, num_classes_of
+from deepvit_mm.apis.config import build_from_config, load_config, num_classes_of
 
 __all__ = ['is_config', 'model_label', 'backbone_family', 'build_backbone', 'load_config',
            'build_from_config', 'num_classes_of', 'padded_size',
@@ -35,7 +35,7 @@ def backbone_family(arch: str) -> Type[nn.Module]:
     Raises:
         ValueError: No family knows it (the message lists every family's valid names).
     """
-    from deepvit_mm.backbones import ColumnarBackbone
+    from deepvit_mm.models.backbones import ColumnarBackbone
     errors = []
     for family in ColumnarBackbone.families:
         try:

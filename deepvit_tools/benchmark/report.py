@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from deepvit_mm.runtime.allocator import cpu_allocator
+from deepvit_mm.engine.allocator import cpu_allocator
 
 from .measure import COMPARE_MODES, DTYPES
 

@@ -45,7 +45,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--arch', nargs='+', metavar='ARCH',
-                   help='backbones (trunk + pyramid adapter): XCiT or CaiT archs, short or timm '
+                   help='backbones (trunk + ColumnarPyramid): XCiT or CaiT archs, short or timm '
                         'names, e.g. small_12_p8 xcit_small_12_p16_224 xxs24 (default: '
                         f'{DEFAULTS["arch"][0]} unless --config is given; --quick: nano_12_p16)')
     p.add_argument('--config', help='an mmseg/mmdet config: benchmark its whole model (random '
@@ -155,7 +155,7 @@ def main(argv=None):
     if args.device == 'auto':
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if args.device == 'cpu':  # as tools/train.py: tcmalloc when the system has it
-        from deepvit_mm.runtime import preload_tcmalloc
+        from deepvit_mm.engine import preload_tcmalloc
         preload_tcmalloc(__file__)
     if args.threads == 0:
         args.threads = torch.get_num_threads()

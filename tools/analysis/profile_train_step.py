@@ -39,7 +39,7 @@ def main():
     import torch
 
     import deepvit_mm  # noqa: F401
-    from deepvit_mm.runtime import preload_tcmalloc
+    from deepvit_mm.engine import preload_tcmalloc
     preload_tcmalloc(__file__)  # as tools/train.py on CPU: tcmalloc when the system has it
     from deepvit_tools.benchmark import environment, profile_train_step, step_markdown
     if args.threads:

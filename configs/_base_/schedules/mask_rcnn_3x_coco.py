@@ -22,7 +22,7 @@ auto_scale_lr = dict(enable=False, base_batch_size=16)
 # Mixed precision as the official code trained (apex O1 through `DistOptimizerHook(use_fp16=True)`:
 # float16 autocast, dynamic loss scaling). mmengine's AmpOptimWrapper needs a GPU; on a machine
 # without one, tools/train.py trains in float32 and says so once in the log
-# (deepvit_mm.runtime.fit_precision_to_device).
+# (deepvit_mm.engine.fit_precision_to_device).
 optim_wrapper = dict(
     type='AmpOptimWrapper',
     loss_scale='dynamic',
@@ -43,7 +43,7 @@ del _base_.checkpoint_hook, _base_.paramwise_cfg  # used: not left in the resolv
 # Test-time augmentation (tools/test.py --tta), as mmdet's own *_tta.py configs define it: the test
 # scale with and without a horizontal flip, merged by DetTTAModel (boxes of both views, NMS at IoU
 # 0.5, 100 per image). mmdet 3.3's DetTTAModel merges boxes only, so with --tta the mask head is
-# left out and bbox alone is evaluated (deepvit_mm.runtime.enable_tta).
+# left out and bbox alone is evaluated (deepvit_mm.apis.enable_tta).
 tta_model = dict(
     type='DetTTAModel',
     tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5), max_per_img=100))

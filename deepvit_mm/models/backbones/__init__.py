@@ -1,0 +1,6 @@
+from .cait import CaiT, GridTalkingHeadAttn
+from .columnar import ColumnarBackbone
+from .columnar_pyramid import ColumnarPyramid
+from .xcit import XCiT
+
+__all__ = ['CaiT', 'ColumnarBackbone', 'ColumnarPyramid', 'GridTalkingHeadAttn', 'XCiT']

@@ -1,0 +1,341 @@
+"""CaiT backbone: Going deeper with Image Transformers (Touvron et al., ICCV 2021).
+
+Built on timm's ``Cait`` (talking-heads self-attention, LayerScale, learned absolute position
+embedding); the class-attention stage, class token, final norm and head are not built (timm's
+``prune_intermediate_layers``). Sizes follow the paper's Table 3 (``d = 48 x heads``), stochastic
+depth and LayerScale init its Table 4. Taps are raw block outputs at 1/3, 1/2, 2/3 and the end of
+the trunk (0-based 7/11/15/23 for 24 blocks, 11/17/23/35 for 36, 15/23/31/47 for 48).
+
+What dense prediction adds to timm's model, and why it is written here:
+
+* **Any input size.** timm 1.0's ``Cait`` has no ``dynamic_img_size`` (unlike its
+  ``VisionTransformer``): ``forward_intermediates`` adds ``pos_embed`` as stored, so it only runs at
+  the grid it was built for. ``_forward_taps`` is therefore the few lines of that loop (timm's patch
+  embedding, the position embedding resampled to the input's patch grid with timm's
+  ``resample_abs_pos_embed``, bicubic, timm's blocks and ``checkpoint``), and equals timm's
+  ``forward_intermediates`` at the model's own grid (tested to 1e-5).
+* **The checkpoint's grid.** ``pos_embed`` has the grid the model is built for
+  (``img_size / 16``: 14x14 by default, 24x24 for ``cait_*_384`` or ``img_size=384``). A checkpoint
+  trained at another resolution is resampled to it once, at load (its grid is read from its
+  shape; the load report's ``resized`` line and a warning say so), on every loading path (they all
+  go through ``deepvit_mm.checkpoints.load_weights``). Build the model at
+  the checkpoint's resolution to keep the embedding as trained. The parameter's shape never
+  changes after construction: mmengine wraps the model in DistributedDataParallel before it loads
+  the weights, and DDP's gradient hooks keep the shape they saw.
+* **Windowed attention** (ViTDet): with ``window_size > 0`` every block except ``global_blocks``
+  (default: the tapped blocks) attends within windows (``GridTalkingHeadAttn``, timm's attention on
+  window-partitioned tokens). Tokens travel through the blocks as a ``(B, H, W, C)`` grid so that
+  the attention knows the layout; timm's LayerNorm, MLP, LayerScale and drop path work on it as is.
+* **Query chunks** (``query_chunks``): the talking-heads attention without its ``heads x N x N``
+  maps (``window_attention.talking_heads_chunked``).
+"""
+import logging
+import math
+import re
+from collections import OrderedDict
+from functools import partial
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint
+from mmengine.logging import print_log
+from timm.layers import PatchEmbed, resample_abs_pos_embed
+from timm.models.cait import Cait, LayerScaleBlock, checkpoint_filter_fn
+
+from ....registry import register_model
+from ....tracing import capturing_for_other_sizes
+from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
+from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
+
+__all__ = ['CaiT']
+
+# Resampled position embeddings kept per model for inference (one per input grid seen).
+_POS_CACHE_SIZE = 8
+
+
+def even_taps(depth: int) -> Tuple[int, ...]:
+    """0-based blocks at 1/3, 1/2, 2/3 and the end of a ``depth``-block trunk."""
+    return tuple(depth * num // den - 1 for num, den in ((1, 3), (1, 2), (2, 3), (1, 1)))
+
+
+def _cait_zoo() -> Dict[str, ArchSpec]:
+    # name: (embed_dim, depth, drop_path_rate, LayerScale eps) from the paper's Tables 3 and 4;
+    # heads = embed_dim / 48 (section 4.3)
+    sizes = {
+        'xxs24': (192, 24, 0.05, 1e-5),
+        'xxs36': (192, 36, 0.1, 1e-6),
+        'xs24': (288, 24, 0.05, 1e-5),
+        'xs36': (288, 36, 0.1, 1e-6),
+        's24': (384, 24, 0.1, 1e-5),
+        's36': (384, 36, 0.2, 1e-6),
+        's48': (384, 48, 0.3, 1e-6),
+        'm24': (768, 24, 0.2, 1e-5),
+        'm36': (768, 36, 0.3, 1e-6),
+        'm48': (768, 48, 0.4, 1e-6),
+    }
+    # timm registers these sizes (at the resolutions of the official releases); XS36, S48 and M24
+    # have no timm name nor released weights and are built from the same `Cait` class.
+    timm_names = {'xxs24': 'cait_xxs24_224', 'xxs36': 'cait_xxs36_224', 'xs24': 'cait_xs24_384',
+                  's24': 'cait_s24_224', 's36': 'cait_s36_384', 'm36': 'cait_m36_384',
+                  'm48': 'cait_m48_448'}
+    return {name: ArchSpec(timm=timm_names.get(name), embed_dim=dim, depth=depth, patch_size=16,
+                           num_heads=dim // 48, drop_path_rate=dpr, eta=eta,
+                           out_indices=even_taps(depth))
+            for name, (dim, depth, dpr, eta) in sizes.items()}
+
+
+@register_model
+class CaiT(ColumnarBackbone):
+    """CaiT for dense prediction: trunk (timm) -> 4 taps -> strides 4/8/16/32.
+
+    Args:
+        arch (str): ``xxs24``, ``xxs36``, ``xs24``, ``xs36``, ``s24``, ``s36``, ``s48``, ``m24``,
+            ``m36``, ``m48``, or timm's name such as ``cait_s24_384`` (its resolution then sets
+            ``img_size``). Default: ``'s24'``.
+        out_indices (Sequence[int], optional): 0-based taps. Default: blocks at 1/3, 1/2, 2/3 and
+            the end of the trunk, e.g. (7, 11, 15, 23) for 24 blocks.
+        out_strides (Sequence[int]): Pyramid strides. Default: (4, 8, 16, 32).
+        drop_path_rate (float, optional): Stochastic depth, uniform over blocks as in the paper.
+            Default: Table 4's value for ``arch``.
+        layer_scale_init (float, optional): LayerScale init eps. Default: Table 4's value.
+        img_size (int, optional): Resolution the position embedding is built for (its grid is
+            ``img_size / 16``, square); set it to the checkpoint's resolution (384 for the ``_384``
+            releases) to keep the checkpoint's embedding as trained, otherwise it is resampled
+            at load. Inputs of any size work either way: the embedding is resampled to each
+            input's grid. Default: the resolution in a timm ``arch`` name, else 224.
+        window_size (int): 0: global attention in every block (the classification model).
+            ``k > 0``: blocks other than ``global_blocks`` attend within ``k x k`` windows of
+            patches (ViTDet); 14 is the 224-pretraining grid. Default: 0.
+        global_blocks (Sequence[int], optional): 0-based blocks that keep global attention when
+            ``window_size > 0``. Default: ``out_indices``.
+        query_chunks (bool | str): Compute the talking-heads attention by chunks of query rows
+            (``window_attention.talking_heads_chunked``: the same result and gradients, no
+            ``heads x N x N`` maps). ``'auto'``: on CPUs, 128 rows per chunk, for attention over
+            more than 128 tokens (measured per global attention at 4,200 tokens: inference 4-5x,
+            forward + backward ~3x faster than timm's); elsewhere timm's attention (not
+            measured). ``True``: on every device; ``False``: timm's attention. With attention
+            dropout active, training uses timm's attention. Default: ``'auto'``.
+        norm_cfg (dict): Norm of ``ColumnarPyramid``. Default: ``dict(type='BN', requires_grad=True)``.
+        frozen_stages (int): See ``ColumnarBackbone`` (0 freezes the patch and position
+            embeddings). Default: -1.
+        norm_eval (bool): See ``ColumnarBackbone``. Default: False.
+        with_cp (bool): Gradient checkpointing of every block. Default: False.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)``: an official CaiT
+            release (``{'model': ...}``), a timm ``.pth``/``.safetensors``, or a detector/segmentor
+            checkpoint.
+        trunk_kwargs: More timm ``Cait`` arguments (``attn_drop_rate``, ``in_chans``...).
+    """
+    arch_zoo = _cait_zoo()
+    name_pattern = r'(?:cait_)?((?:xxs|xs|s|m)(?:24|36|48))(?:_(?:224|384|448))?'
+
+    classifier_parts = ('cls_token', 'blocks_token_only', 'norm', 'head')
+    # official releases ({'model': ...}, maybe `module.`) have timm's keys
+    checkpoint_filter = staticmethod(checkpoint_filter_fn)
+    fast_path_name = 'query_chunks'
+    block_type = LayerScaleBlock
+    query_chunks = property(ColumnarBackbone._get_fast_path, ColumnarBackbone._set_fast_path,
+                            doc="``'auto'``, True or False: see the class docstring.")
+
+    def __init__(self, arch: str = 's24', *, img_size: Optional[int] = None, window_size: int = 0,
+                 global_blocks: Optional[Sequence[int]] = None,
+                 query_chunks: Union[bool, str] = 'auto', **kwargs) -> None:
+        self._img_size = self._check_img_size(arch, img_size)
+        if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 0:
+            raise ValueError(f'CaiT: window_size={window_size!r} must be 0 (global attention) or a '
+                             'positive number of patches, e.g. 14.')
+        if not window_size and global_blocks is not None:
+            raise ValueError(f'CaiT: global_blocks={tuple(global_blocks)} needs window_size > 0 '
+                             '(without windows every block is global).')
+        super().__init__(arch, **kwargs)
+        # inference-only cache of resampled position embeddings; see `pos_embed_for`
+        self._pos_cache: Dict[Tuple[int, int], torch.Tensor] = OrderedDict()
+        self._pos_cache_stamp: Optional[tuple] = None
+        self.window_size, self.global_blocks = self._check_windows(window_size, global_blocks)
+        for i, blk in enumerate(self.trunk.blocks):
+            blk.attn.window_size = 0 if i in self.global_blocks else self.window_size
+        self.query_chunks = query_chunks
+
+    def _apply_fast_path(self, mode: Union[bool, str]) -> None:
+        chunk = {True: CPU_QUERY_CHUNK, False: None, 'auto': 'auto'}[mode]
+        for blk in self.trunk.blocks:
+            blk.attn.query_chunk = chunk
+
+    # ----------------------------------------------------------------- construction
+    @staticmethod
+    def _check_img_size(arch, img_size) -> int:
+        if img_size is None:
+            m = re.search(r'_(\d+)$', str(arch).strip().lower().split('.')[0])
+            return int(m.group(1)) if m else 224
+        if isinstance(img_size, (tuple, list)):
+            if len(img_size) != 2 or img_size[0] != img_size[1]:
+                raise ValueError(f'CaiT: img_size={tuple(img_size)} must be square (one int): a '
+                                 'checkpoint stores its position embedding as a flat list of '
+                                 'patches and only a square grid can be recovered from it. Inputs '
+                                 'of any shape still work (the embedding is resampled).')
+            img_size = img_size[0]
+        if int(img_size) < 16:
+            raise ValueError(f'CaiT: img_size={img_size} is smaller than one 16x16 patch.')
+        return int(img_size)
+
+    def _check_windows(self, window_size, global_blocks) -> Tuple[int, Tuple[int, ...]]:
+        n = len(self.trunk.blocks)
+        if not window_size:
+            return 0, tuple(range(n))
+        if global_blocks is None:
+            return window_size, tuple(self.out_indices)
+        idx = tuple(int(i) for i in global_blocks)
+        if any(i < 0 or i >= n for i in idx) or list(idx) != sorted(set(idx)):
+            raise ValueError(f'CaiT({self.arch}): global_blocks {tuple(global_blocks)} must be '
+                             f'strictly increasing 0-based block indices in [0, {n - 1}] '
+                             f'(the default is out_indices {self.out_indices}).')
+        return window_size, idx
+
+    def _stem_parameters(self) -> List[nn.Parameter]:
+        return [self.trunk.pos_embed]  # the learned position embedding
+
+    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: float,
+                     **kwargs) -> nn.Module:
+        return Cait(
+            img_size=self._img_size, patch_size=spec.patch_size, embed_dim=spec.embed_dim,
+            # blocks after the last tap would be pruned right away: not built (nor initialised);
+            # drop path is uniform over blocks, so nothing else depends on the depth
+            depth=max(self.out_indices) + 1, num_heads=spec.num_heads, init_values=layer_scale,
+            drop_path_rate=drop_path_rate, num_classes=0,
+            # any size: the backbone pads inputs to a multiple of 32, and with pad_input=False
+            # the patch embedding pads to a multiple of the patch size
+            patch_layer=partial(PatchEmbed, strict_img_size=False, dynamic_img_pad=True),
+            attn_block=GridTalkingHeadAttn, **kwargs)
+
+    # ----------------------------------------------------------------- position embedding
+    @property
+    def pos_embed_grid(self) -> Tuple[int, int]:
+        """Patch grid ``(h, w)`` of the stored position embedding (timm's ``grid_size``)."""
+        return tuple(self.trunk.patch_embed.grid_size)
+
+    def pos_embed_for(self, grid: Tuple[int, int]) -> torch.Tensor:
+        """The learned position embedding resampled to a ``grid`` of patches.
+
+        Resampling is timm's ``resample_abs_pos_embed`` (bicubic, antialiased when shrinking), as
+        timm's ``VisionTransformer`` does with ``dynamic_img_size``.
+
+        Caching: when gradients can flow into ``pos_embed`` (grad mode on and the parameter
+        trainable, i.e. while training it), it is resampled on every call so that the gradient
+        reaches the stored embedding. Otherwise (inference, or a frozen embedding) the result is
+        cached per grid size (at most 8 sizes, least recently used first out). The cache is
+        stamped with the parameter's version counter, storage, dtype and device, so any change of
+        the weights (an optimizer step, ``load_state_dict``, ``.to()``, ``.half()``) invalidates it.
+        While exporting (ONNX, torch.export, tracing) it is resampled inside the graph, uncached,
+        so that the exported graph follows the input's size.
+
+        Args:
+            grid (tuple[int, int]): Patch grid ``(h, w)`` of the input.
+
+        Returns:
+            Tensor: ``(1, h * w, embed_dim)``.
+        """
+        pos = self.trunk.pos_embed
+        if capturing_for_other_sizes():  # resampled in the graph at the input's grid: no cache, no int()
+            return resample_abs_pos_embed(pos, new_size=list(grid), old_size=self.pos_embed_grid,
+                                          num_prefix_tokens=0)
+        grid = (int(grid[0]), int(grid[1]))
+        old = self.pos_embed_grid
+        if grid == old:
+            return pos
+        if torch.is_grad_enabled() and pos.requires_grad:
+            return resample_abs_pos_embed(pos, new_size=grid, old_size=old, num_prefix_tokens=0)
+        stamp = (pos._version, pos.data_ptr(), pos.dtype, pos.device, tuple(pos.shape),
+                 torch.is_inference_mode_enabled())
+        if stamp != self._pos_cache_stamp:
+            self._pos_cache.clear()
+            self._pos_cache_stamp = stamp
+        out = self._pos_cache.get(grid)
+        if out is None:
+            with torch.no_grad():
+                out = resample_abs_pos_embed(pos, new_size=grid, old_size=old, num_prefix_tokens=0)
+            self._pos_cache[grid] = out
+            if len(self._pos_cache) > _POS_CACHE_SIZE:
+                self._pos_cache.popitem(last=False)
+        else:
+            self._pos_cache.move_to_end(grid)
+        return out
+
+    def _pos_embed_from_checkpoint(self, value: torch.Tensor) -> Optional[torch.Tensor]:
+        """A checkpoint's ``(1, n*n, embed_dim)`` embedding resampled to this model's grid.
+
+        The checkpoint's grid is read from its shape (every CaiT release is square: 14x14 at 224,
+        24x24 at 384); resampling is timm's ``resample_abs_pos_embed`` (bicubic). Returns None
+        (the loader then reports the mismatch) for anything else.
+        """
+        pos = self.trunk.pos_embed
+        if value.dim() != 3 or value.shape[0] != 1 or value.shape[2] != pos.shape[2]:
+            return None
+        g = math.isqrt(value.shape[1])
+        if g * g != value.shape[1]:
+            return None
+        new = self.pos_embed_grid
+        with torch.no_grad():
+            out = resample_abs_pos_embed(value, new_size=new, old_size=(g, g), num_prefix_tokens=0)
+        print_log(f"CaiT({self.arch}): the checkpoint's position embedding ({g}x{g} patches) was "
+                  f'resampled to the model\'s {new[0]}x{new[1]}; build the model with '
+                  f'img_size={g * self.patch_size} to keep it as trained.', logger='current',
+                  level=logging.WARNING)
+        return out
+
+    def resize_weight(self, key: str, value: torch.Tensor,
+                      target: torch.Tensor) -> Optional[torch.Tensor]:
+        # our loader (init_cfg): reported in the load report's `resized` line
+        return self._pos_embed_from_checkpoint(value) if key == 'trunk.pos_embed' else None
+
+    # ----------------------------------------------------------------- memory
+    def _activation_bytes(self, batch: int, grid: Tuple[int, int], element: int,
+                          device: torch.device) -> int:
+        # global talking-heads attention: heads x rows x N maps (two live at once in inference,
+        # rows = the query chunk when it applies); training keeps the full N x N maps of every
+        # global block (logits, mixed, softmax), or of one block at a time with with_cp
+        base = super()._activation_bytes(batch, grid, element, device)
+        n = grid[0] * grid[1]
+        attn = self.trunk.blocks[self.global_blocks[0]].attn
+        heads = attn.num_heads
+        if torch.is_grad_enabled() and self.training:
+            blocks = 1 if self.with_cp else len(self.global_blocks)
+            return base + blocks * batch * heads * n * n * element * 3
+        chunk = default_query_chunk(device) if attn.query_chunk == 'auto' else attn.query_chunk
+        rows = min(chunk, n) if chunk else n
+        return base + batch * heads * rows * n * element * 2
+
+    def _memory_remedy(self) -> str:
+        return ('use windowed attention (window_size=14), with_cp=True for training, or smaller '
+                'inputs')
+
+    # ----------------------------------------------------------------- forward
+    def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
+        # timm's Cait.forward_intermediates, with the position embedding resampled to the input's
+        # grid and the tokens kept as a (B, h, w, C) grid for windowed attention
+        B, _, H, W = x.shape
+        grid = (-(-H // self.patch_size), -(-W // self.patch_size))
+        trunk = self.trunk
+        x = trunk.patch_embed(x) + self.pos_embed_for(grid)
+        x = trunk.pos_drop(x).reshape(B, grid[0], grid[1], -1)
+        taps, take = [], set(self.out_indices)
+        for i, blk in enumerate(trunk.blocks):
+            if trunk.grad_checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+            if i in take:
+                taps.append(x.permute(0, 3, 1, 2).contiguous())
+        return taps
+
+    # ----------------------------------------------------------------- weights
+    @classmethod
+    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
+        if 'trunk.blocks.0.attn.proj_l.weight' not in state_dict \
+                or 'trunk.blocks.0.gamma_1' not in state_dict:
+            return None
+        dim = state_dict['trunk.blocks.0.gamma_1'].shape[0]
+        depth = count_blocks(state_dict)
+        for name, spec in cls.arch_zoo.items():
+            if (spec.embed_dim, spec.depth) == (dim, depth):
+                return name
+        return f'unknown CaiT (embed_dim={dim}, depth={depth})'

@@ -1,0 +1,441 @@
+"""What every columnar backbone shares: timm trunk -> taps -> ``ColumnarPyramid`` (``self.adapter``).
+
+A family (XCiT, CaiT) subclasses ``ColumnarBackbone`` and provides only what its paper makes
+different: the architecture table, how to build the timm trunk, how to take the taps, and how to
+convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_eval``,
+``with_cp`` and weight loading live here once.
+"""
+import contextlib
+import difflib
+import re
+from typing import (
+    Callable,
+    ClassVar,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
+from mmengine.model import BaseModule
+
+from ...compat.timm import drop_pruned_classifier_parameters
+from ...compat.torch import BatchNormBase, autocast_enabled
+from ...tracing import in_graph_capture
+from .checks import check_arguments, check_input, check_out_indices, free_memory
+from .columnar_pyramid import PAPER_STRIDES, ColumnarPyramid
+from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
+from .weights import ColumnarWeights
+
+__all__ = ['ColumnarBackbone', 'ArchSpec', 'FeatureLevels', 'paper_taps']
+
+
+class FeatureLevels(NamedTuple):
+    """What a backbone feeds its neck or heads, one entry per level.
+
+    Attributes:
+        channels (list[int]): Channels of each level (a neck's or head's ``in_channels``).
+        strides (tuple[int]): Stride of each level.
+        out_indices (tuple[int]): The 0-based trunk block tapped for each level.
+    """
+    channels: List[int]
+    strides: Tuple[int, ...]
+    out_indices: Tuple[int, ...]
+
+
+def paper_taps(name: str, taps: Sequence[int], out_strides: Sequence[int]) -> Tuple[int, ...]:
+    """The paper's taps for ``out_strides``: all four for four levels (whatever their strides,
+    as before there was a choice), else the tap of each stride.
+
+    Args:
+        name (str): The backbone, for messages (``XCiT(nano_12_p16)``).
+        taps (Sequence[int]): The paper's four taps, for strides ``PAPER_STRIDES``.
+        out_strides (Sequence[int]): Strides asked for: four, or fewer, increasing, out of
+            ``PAPER_STRIDES``.
+
+    Returns:
+        tuple[int]: One 0-based block per stride, e.g. ``(5, 7, 11)`` for ``(8, 16, 32)`` of a
+        12-block XCiT.
+    """
+    strides = tuple(out_strides)
+    if len(strides) == len(taps):
+        return tuple(taps)
+    if not strides or any(s not in PAPER_STRIDES for s in strides) or \
+            any(a >= b for a, b in zip(strides, strides[1:])):
+        raise ValueError(
+            f'{name}: out_strides={strides} has no default out_indices: the paper taps one block '
+            f'per stride of {PAPER_STRIDES} ({tuple(taps)}), so increasing strides out of those take '
+            'their taps by default (e.g. out_strides=(8, 16, 32)); for others give out_indices, '
+            'one strictly increasing 0-based block per stride.')
+    return tuple(taps[PAPER_STRIDES.index(s)] for s in strides)
+
+
+class ArchSpec(dict):
+    """One row of an architecture table: ``timm`` (model name) plus the paper's settings."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError as e:
+            raise AttributeError(name) from e
+
+
+class ColumnarBackbone(ColumnarWeights, BaseModule):
+    """Base class of columnar (single-stride) transformer backbones for mmdet and mmseg.
+
+    Subclasses define ``arch_zoo`` (short name -> ``ArchSpec``), ``name_pattern`` (a regex that
+    turns a timm model name into a short name), ``classifier_parts``, ``checkpoint_filter``,
+    ``fast_path_name`` (with its property), ``_build_trunk``, ``_forward_taps`` and
+    ``_apply_fast_path``.
+
+    Args:
+        arch (str): Short architecture name or timm's full model name.
+        out_indices (Sequence[int], optional): 0-based blocks to tap, one per output stride;
+            default: the paper's taps of the strides asked for (``default_out_indices``).
+        out_strides (Sequence[int]): Strides of the pyramid levels; ``(8, 16, 32)`` feeds a
+            3-level neck or head. Default: (4, 8, 16, 32).
+        drop_path_rate (float, optional): Stochastic depth; default: the paper's for ``arch``.
+        norm_cfg (dict): Norm layers of the conv parts (trunk BatchNorms, ``ColumnarPyramid``).
+            Default: ``dict(type='BN', requires_grad=True)``; use ``SyncBN`` for multi-GPU.
+        frozen_stages (int): -1: nothing frozen; 0: patch embedding (and position encoding);
+            k > 0: also the first k blocks. Frozen parts get no gradients and their BatchNorms
+            stay in eval mode. Default: -1.
+        norm_eval (bool): Keep every BatchNorm of the backbone in eval mode while training.
+            Default: False.
+        with_cp (bool): Gradient checkpointing of every block (timm's own, which recomputes
+            each block in the backward pass; BatchNorm statistics are updated once per step, not
+            again by the recomputation). Default: False.
+        pad_input (bool): Zero-pad the input at the bottom/right to a multiple of the largest
+            output stride, so that every level is exactly ``H/s``. False feeds it as it is, as
+            the official XCiT detection/segmentation code did (its ADE20k evaluation ran on
+            unpadded images): the conv stem then rounds each stride-2 step up and the max-pool
+            levels round down, so level sizes are only close to ``H/s`` (mmseg's heads resize).
+            Both give the same result on sizes divisible by the largest stride. Default: True.
+        layer_scale_init (float, optional): LayerScale init of every block; default: the
+            paper's for ``arch``.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads a
+            classification, timm, detector or segmentor checkpoint and logs a report;
+            ``checkpoint_key='student'`` takes a DINO checkpoint's student.
+        pretrained (str, optional): mmseg's older spelling of ``init_cfg``'s checkpoint (its
+            segmentors pass ``model.pretrained`` down). Default: None.
+        trunk_kwargs: Passed to the timm model (e.g. ``attn_drop_rate``).
+    """
+    arch_zoo: ClassVar[Dict[str, ArchSpec]] = {}
+    name_pattern: ClassVar[str] = ''
+    #: the timm trunk's classification parts, which a dense backbone never builds: checkpoint
+    #: tensors under them are dropped on purpose
+    classifier_parts: ClassVar[Tuple[str, ...]] = ()
+    #: timm's ``checkpoint_filter_fn(state_dict, model)`` of the family (official key layouts)
+    checkpoint_filter: ClassVar[Optional[Callable]] = None
+    #: the family's argument (and attribute) that switches its faster forward, ``'auto'``, True or
+    #: False (XCiT: ``gram_xca``, CaiT: ``query_chunks``); set after ``__init__`` by the family
+    fast_path_name: ClassVar[str] = ''
+    #: the timm class of the trunk's blocks: one unit each of sharded training (FSDP,
+    #: ``deepvit_mm.engine.distributed.fsdp.columnar_block_policy``)
+    block_type: ClassVar[Optional[Type[nn.Module]]] = None
+    families: ClassVar[List[Type['ColumnarBackbone']]] = []
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.arch_zoo:
+            ColumnarBackbone.families.append(cls)
+
+    def __init__(self,
+                 arch: str,
+                 out_indices: Optional[Sequence[int]] = None,
+                 out_strides: Sequence[int] = (4, 8, 16, 32),
+                 drop_path_rate: Optional[float] = None,
+                 norm_cfg: Optional[dict] = None,
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 pad_input: bool = True,
+                 layer_scale_init: Optional[float] = None,
+                 init_cfg: Optional[dict] = None,
+                 pretrained: Optional[str] = None,
+                 **trunk_kwargs) -> None:
+        if pretrained is not None:
+            if not isinstance(pretrained, str) or pretrained.startswith(
+                    ('open-mmlab://', 'torchvision://', 'mmcls://')):
+                raise ValueError(
+                    f'{type(self).__name__} got pretrained={pretrained!r}, the weights an mmseg '
+                    'base config sets for its ResNet (model.pretrained). Set model.pretrained=None '
+                    "and give ImageNet weights with backbone.init_cfg=dict(type='Pretrained', "
+                    'checkpoint=PATH).')
+            if init_cfg is not None:
+                raise ValueError(f'{type(self).__name__}: give either pretrained or init_cfg, '
+                                 'not both.')
+            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+        super().__init__(init_cfg=init_cfg)
+        check_arguments(type(self).__name__, drop_path_rate, norm_cfg, frozen_stages)
+        self.arch = self.resolve_arch(arch)
+        fixed = sorted(set(trunk_kwargs) & {'patch_size', 'embed_dim', 'depth', 'num_heads'})
+        if fixed:
+            raise ValueError(
+                f'{type(self).__name__}: {", ".join(fixed)} is fixed by arch={arch!r}; choose '
+                f'another arch instead (valid: {", ".join(self.arch_zoo)}).')
+        spec = self.arch_zoo[self.arch]
+        self.depth = spec.depth
+        self.patch_size = spec.patch_size
+        self.embed_dim = spec.embed_dim
+        if out_indices is None:  # the paper's taps of the strides asked for
+            out_indices = self.default_out_indices(self.arch, out_strides)
+        self.out_indices = check_out_indices(type(self).__name__, self.arch, out_indices,
+                                             spec.depth, spec.out_indices, out_strides)
+        self.norm_cfg = norm_cfg or dict(type='BN', requires_grad=True)
+        self.pad_to = max(max(out_strides), self.patch_size)
+        self.pad_input = pad_input
+        if self.pad_to % self.patch_size:
+            raise ValueError(f'{type(self).__name__}: the largest output stride {self.pad_to} must be '
+                             f'a multiple of the patch size {self.patch_size}.')
+        dpr = spec.drop_path_rate if drop_path_rate is None else drop_path_rate
+        self.in_chans = trunk_kwargs.get('in_chans', 3)
+
+        layer_scale = spec.eta if layer_scale_init is None else layer_scale_init
+        self.trunk = self._build_trunk(spec, drop_path_rate=dpr, layer_scale=layer_scale,
+                                       **trunk_kwargs)
+        self._kept_blocks = max(self.out_indices) + 1
+        self.trunk.prune_intermediate_layers(self.out_indices, prune_norm=True, prune_head=True)
+        drop_pruned_classifier_parameters(self.trunk, self.classifier_parts)
+        try:
+            self._convert_batchnorms(self.trunk, self.norm_cfg)
+            self.adapter = ColumnarPyramid(self.embed_dim, in_stride=self.patch_size,
+                                           out_strides=out_strides, norm_cfg=self.norm_cfg)
+        except (AssertionError, KeyError, TypeError, ValueError) as e:
+            if not isinstance(e, ValueError) or 'out_strides' not in str(e):
+                raise ValueError(f'{type(self).__name__}: cannot build norm layers from norm_cfg='
+                                 f'{self.norm_cfg} ({type(e).__name__}: {e}). Use e.g. '
+                                 "dict(type='BN'), dict(type='SyncBN') or dict(type='GN', "
+                                 'num_groups=G) with G dividing every channel count.') from e
+            raise
+        self.out_channels = [self.embed_dim] * len(self.out_indices)
+        self.out_strides = tuple(out_strides)
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        if with_cp:
+            enable_grad_checkpointing(self.trunk)
+        self._freeze_stages()
+
+    # ----------------------------------------------------------------- architecture table
+    @classmethod
+    def resolve_arch(cls, arch: str) -> str:
+        """Map a short name (``small_12_p8``) or timm name (``xcit_small_12_p8_224``) to a key of
+        ``arch_zoo``; anything else raises with the valid names and the closest one."""
+        if not isinstance(arch, str):
+            raise TypeError(f'{cls.__name__}: arch must be a string, got {type(arch).__name__}')
+        name = arch.strip().lower().split('.')[0]  # drop a timm pretrained tag (".fb_in1k")
+        if name not in cls.arch_zoo:
+            m = re.fullmatch(cls.name_pattern, name)
+            name = m.group(1) if m else name
+        if name not in cls.arch_zoo:
+            close = difflib.get_close_matches(name, list(cls.arch_zoo), n=1)
+            raise ValueError(
+                f'{cls.__name__}: unknown arch {arch!r}.'
+                + (f' Did you mean {close[0]!r}?' if close else '')
+                + f' Valid: {", ".join(cls.arch_zoo)} (or timm names such as '
+                + f'{next(iter(cls.arch_zoo.values())).timm!r}).')
+        return name
+
+    # ----------------------------------------------------------------- what a neck or head reads
+    @classmethod
+    def default_out_indices(cls, arch: str,
+                            out_strides: Sequence[int] = (4, 8, 16, 32)) -> Tuple[int, ...]:
+        """The paper's taps of ``out_strides`` (increasing, out of 4/8/16/32), e.g.
+        ``XCiT.default_out_indices('small_12_p16', (8, 16, 32)) == (5, 7, 11)``."""
+        arch = cls.resolve_arch(arch)
+        return paper_taps(f'{cls.__name__}({arch})', cls.arch_zoo[arch].out_indices, out_strides)
+
+    @classmethod
+    def feature_levels(cls, arch: str, out_strides: Sequence[int] = (4, 8, 16, 32),
+                       out_indices: Optional[Sequence[int]] = None) -> FeatureLevels:
+        """What the backbone built with these arguments feeds a neck or head, per level:
+        ``channels`` (a neck's ``in_channels``), ``strides``, ``out_indices``; e.g.
+        ``XCiT.feature_levels('small_12_p8').channels == [384, 384, 384, 384]``."""
+        arch = cls.resolve_arch(arch)
+        taps = cls.default_out_indices(arch, out_strides) if out_indices is None \
+            else tuple(out_indices)
+        return FeatureLevels(channels=[cls.arch_zoo[arch].embed_dim] * len(taps),
+                             strides=tuple(out_strides), out_indices=taps)
+
+    @staticmethod
+    def _convert_batchnorms(module: nn.Module, norm_cfg: dict) -> None:
+        """timm hard-codes ``nn.BatchNorm2d`` in conv parts; rebuild them from ``norm_cfg``
+        (same parameter names, so checkpoints load unchanged)."""
+        if norm_cfg.get('type') == 'BN' and norm_cfg.get('requires_grad', True):
+            return
+        for name, child in list(module.named_children()):
+            if type(child) is nn.BatchNorm2d:
+                new = build_norm_layer(norm_cfg, child.num_features)[1]
+                new.load_state_dict(child.state_dict(), strict=False)
+                setattr(module, name, new)
+            else:
+                ColumnarBackbone._convert_batchnorms(child, norm_cfg)
+
+    # ----------------------------------------------------------------- to implement
+    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: float,
+                     **kwargs) -> nn.Module:
+        """The timm model for ``spec`` (LayerScale init ``layer_scale``)."""
+        raise NotImplementedError
+
+    def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
+        """Raw outputs of blocks ``out_indices`` as NCHW maps at stride ``patch_size``."""
+        raise NotImplementedError
+
+    def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Official/timm classification keys -> timm model keys (without ``trunk.``), with the
+        family's timm ``checkpoint_filter``."""
+        if self.checkpoint_filter is None:
+            return dict(state_dict)
+        return self.checkpoint_filter(dict(state_dict), self.trunk)
+
+    @classmethod
+    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
+        """The ``arch_zoo`` name a converted state dict was trained as, if recognisable."""
+        return None
+
+    def _apply_fast_path(self, mode: Union[bool, str]) -> None:
+        """Make the trunk run as the family's switch (``fast_path_name``) says."""
+        raise NotImplementedError
+
+    def _stem_modules(self) -> List[nn.Module]:
+        """What ``frozen_stages=0`` freezes: the patch embedding (families add their position
+        encoding, as a module here or as a parameter in ``_stem_parameters``)."""
+        return [self.trunk.patch_embed]
+
+    def _stem_parameters(self) -> List[nn.Parameter]:
+        """Parameters outside any module of ``_stem_modules`` that ``frozen_stages=0`` freezes."""
+        return []
+
+    # ----------------------------------------------------------------- faster forward
+    def _get_fast_path(self) -> Union[bool, str]:
+        return self._fast_path
+
+    def _set_fast_path(self, mode: Union[bool, str]) -> None:
+        """Validate and apply the family's switch; the family exposes it as a property named
+        ``fast_path_name`` (``gram_xca = property(_get_fast_path, _set_fast_path)``)."""
+        if mode not in (True, False, 'auto'):
+            raise ValueError(f"{type(self).__name__}: {self.fast_path_name} must be 'auto', True "
+                             f'or False, got {mode!r}')
+        self._fast_path = mode if mode == 'auto' else bool(mode)
+        self._apply_fast_path(self._fast_path)
+
+    def speed_options(self) -> Dict[str, Union[bool, str]]:
+        """The family's switch of its faster forward as a config sets it, e.g.
+        ``{'gram_xca': 'auto'}``."""
+        return {self.fast_path_name: self._fast_path}
+
+    @contextlib.contextmanager
+    def reference_forward(self) -> Iterator[None]:
+        """Inside the block the trunk runs timm's own forward (the family's faster forward off:
+        the multiply-adds the papers count); the switch is restored after."""
+        mode = self._fast_path
+        self._set_fast_path(False)
+        try:
+            yield
+        finally:
+            self._set_fast_path(mode)
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Args:
+            x (Tensor): ``(B, in_chans, H, W)`` float images, any ``H, W >= patch_size``.
+
+        Returns:
+            tuple[Tensor]: one ``(B, embed_dim, ceil(H/32)*32/s, ceil(W/32)*32/s)`` map per output
+            stride ``s`` (the input is zero-padded at the bottom/right to a multiple of 32;
+            with ``pad_input=False`` the maps are as large as the unpadded input gives). An empty
+            batch gives empty maps.
+        """
+        check_input(self, x)
+        if x.shape[0] == 0:
+            return self._empty_output(x)
+        h, w = x.shape[-2:]
+        ph, pw = (-h) % self.pad_to, (-w) % self.pad_to
+        if self.pad_input and (ph or pw):
+            x = F.pad(x, (0, pw, 0, ph))
+        if not in_graph_capture():
+            self._check_memory(x)
+        with full_recomputation(self.with_cp):
+            taps = self._forward_taps(x)
+        return self.adapter(taps)
+
+    def _empty_output(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        if self.pad_input:
+            H, W = (-(-n // self.pad_to) * self.pad_to for n in x.shape[-2:])
+            return tuple(x.new_zeros(0, self.embed_dim, H // s, W // s) for s in self.out_strides)
+        with torch.no_grad():  # unpadded sizes round per layer: take them from one image
+            return tuple(o[:0] for o in self.forward(x.new_zeros(1, *x.shape[1:])))
+
+    # ----------------------------------------------------------------- memory
+    def _activation_bytes(self, batch: int, grid: Tuple[int, int], element: int,
+                          device: torch.device) -> int:
+        """A lower bound of the memory one forward needs beyond the weights: the family adds its
+        attention (CaiT's is quadratic in tokens). Here: four token maps of the widest block
+        (input, norm, and the MLP's 4x hidden) live at once; training keeps each block's."""
+        tokens = batch * grid[0] * grid[1]
+        per_block = tokens * self.embed_dim * element * 6
+        if torch.is_grad_enabled() and self.training and not self.with_cp:
+            return per_block * self._kept_blocks
+        return per_block
+
+    def _memory_remedy(self) -> str:
+        return 'use smaller inputs, or with_cp=True for training'
+
+    def _check_memory(self, x: torch.Tensor) -> None:
+        """Refuse, before allocating, an input whose forward cannot fit the device's free memory."""
+        grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
+        element = 2 if autocast_enabled(x.device.type) else x.element_size()
+        need = self._activation_bytes(x.shape[0], grid, element, x.device)
+        free = free_memory(x.device)
+        if free is not None and need > free:
+            raise MemoryError(
+                f'{type(self).__name__}({self.arch}): input {tuple(x.shape)} ({grid[0]}x{grid[1]} '
+                f'patches) needs at least {need / 2**30:.1f} GiB for its activations, more than '
+                f'the {free / 2**30:.1f} GiB free on {x.device}: {self._memory_remedy()}.')
+
+    # ----------------------------------------------------------------- training controls
+    def _frozen_modules(self) -> List[nn.Module]:
+        if self.frozen_stages < 0:
+            return []
+        return self._stem_modules() + list(self.trunk.blocks[:self.frozen_stages])
+
+    def _freeze_stages(self) -> None:
+        if not -1 <= self.frozen_stages <= self._kept_blocks:
+            raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} must be -1 '
+                             '(nothing frozen), 0 (patch embedding) or k in [1, '
+                             f'{self._kept_blocks}] (also the first k of the {self._kept_blocks} '
+                             'blocks used).')
+        for m in self._frozen_modules():
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+        for p in self._stem_parameters() if self.frozen_stages >= 0 else []:
+            p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, BatchNormBase):
+                    m.eval()
+        return self
+
+
+def count_blocks(state_dict: Mapping[str, torch.Tensor], prefix: str = 'trunk.blocks.') -> int:
+    """Number of blocks ``prefix{i}.*`` in a state dict."""
+    ids = {int(m.group(1)) for k in state_dict for m in [re.match(re.escape(prefix) + r'(\d+)\.', k)]
+           if m}
+    return max(ids) + 1 if ids else 0
+

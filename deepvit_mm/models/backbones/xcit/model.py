@@ -1,0 +1,167 @@
+"""XCiT backbone: Cross-Covariance Image Transformers (Ali et al., NeurIPS 2021).
+
+Built on timm's ``Xcit`` (cross-covariance attention, local patch interaction, conv patch
+embedding, Fourier position encoding, LayerScale); the class-attention blocks, class token, final
+norm and head are not built. Taps are raw block outputs, as in the paper's detection code
+(appendix B.2): blocks 4/6/8/12 of 12-layer models, 8/12/16/24 of 24-layer ones.
+Stochastic depth and LayerScale init follow the paper's Table B.1.
+
+The Q/K/V embedding of XCA is an option (``qkv_cfg``): timm's linear layer by default, or the
+non-linear SNE, P-SNE and F-SNE embeddings of "Non-linear Q, K, V embeddings" (``.qkv``).
+"""
+import types
+from typing import Dict, List, Mapping, Optional, Union
+
+import timm
+import torch
+import torch.nn as nn
+from timm.models.xcit import checkpoint_filter_fn
+
+from ....registry import register_model
+from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
+from .fast import xca_block_forward, xca_block_forward_auto
+from .qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
+
+__all__ = ['XCiT']
+
+
+def _xcit_zoo() -> Dict[str, ArchSpec]:
+    # (embed_dim, depth, drop_path_rate, LayerScale eta) from the paper's Tables 1 and B.1
+    sizes = {
+        'nano_12': (128, 12, 0.0, 1.0),
+        'tiny_12': (192, 12, 0.0, 1.0),
+        'tiny_24': (192, 24, 0.05, 1e-5),
+        'small_12': (384, 12, 0.05, 1.0),
+        'small_24': (384, 24, 0.1, 1e-5),
+        'medium_24': (512, 24, 0.15, 1e-5),
+        'large_24': (768, 24, 0.25, 1e-5),
+    }
+    zoo = {}
+    for size, (dim, depth, dpr, eta) in sizes.items():
+        for p in (8, 16):
+            zoo[f'{size}_p{p}'] = ArchSpec(
+                timm=f'xcit_{size}_p{p}_224', embed_dim=dim, depth=depth, patch_size=p,
+                drop_path_rate=0.3 if (size, p) == ('large_24', 8) else dpr, eta=eta,
+                out_indices=(3, 5, 7, 11) if depth == 12 else (7, 11, 15, 23))
+    return zoo
+
+
+@register_model
+class XCiT(ColumnarBackbone):
+    """XCiT for dense prediction: trunk (timm) -> 4 taps -> strides 4/8/16/32.
+
+    Args:
+        arch (str): ``nano_12_p8``, ``tiny_24_p16``, ... (N12, T12, T24, S12, S24, M24, L24 with
+            patch 8 or 16) or timm's name such as ``xcit_small_12_p8_224``.
+        out_indices (Sequence[int], optional): 0-based taps. Default: (3, 5, 7, 11) for 12
+            layers, (7, 11, 15, 23) for 24.
+        out_strides (Sequence[int]): Pyramid strides. Default: (4, 8, 16, 32).
+        drop_path_rate (float, optional): Stochastic depth (constant over blocks, as in the
+            paper). Default: Table B.1's value for ``arch``.
+        layer_scale_init (float, optional): LayerScale eta. Default: Table B.1's value.
+        qkv_cfg (dict, optional): The Q/K/V embedding of every XCA block: ``dict(type='Linear')``
+            (timm's, the default), ``dict(type='SNE')``, ``dict(type='PSNE')`` or
+            ``dict(type='FSNE', code_size=8)``, each with an optional ``hidden`` width (default:
+            the paper's Table 1 for d = 128/192 and a rule for other widths; ``hidden='*'`` is
+            F-SNE's parameter-matched width). See ``xcit.qkv``. Loading a linear checkpoint
+            into a non-linear embedding loads everything else and reports the Q/K/V layers (and
+            F-SNE's codes) as left at init. Default: None (linear).
+        gram_xca (bool | str): Run the blocks through ``xcit_fast`` (cross-covariance
+            attention from the Gram matrix, contiguous LPI convs, fused LayerScale residuals,
+            folded inference): the same parameters and the same result as timm's
+            ``forward_intermediates`` (to float rounding), with less work on large inputs and
+            more on small ones. ``'auto'``: per forward, only where it is measured to be faster
+            (``xcit_fast.fast_path_helps``: on CPUs from 2 C tokens per image, on CUDA from a
+            batch's B N C^2 of 2e9 in fp32 and 4e9 in bf16/fp16); ``True``: always; ``False``:
+            timm's own forward. Default: ``'auto'``.
+        norm_cfg (dict): Norm of the conv parts (patch embedding, LPI, ``ColumnarPyramid``).
+            Default: ``dict(type='BN', requires_grad=True)``.
+        frozen_stages (int): See ``ColumnarBackbone``. Default: -1.
+        norm_eval (bool): See ``ColumnarBackbone``. Default: False.
+        with_cp (bool): Gradient checkpointing of every block. Default: False.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)``.
+        trunk_kwargs: More timm ``Xcit`` arguments (``attn_drop_rate``, ``in_chans``...).
+    """
+    arch_zoo = _xcit_zoo()
+    name_pattern = r'(?:xcit_)?((?:nano|tiny|small|medium|large)_(?:12|24)_p(?:8|16))' \
+                   r'(?:_(?:224|384))?(?:_dist)?'
+
+    classifier_parts = ('cls_token', 'cls_attn_blocks', 'norm', 'head')
+    # official releases: `pos_embeder.*` -> `pos_embed.*`
+    checkpoint_filter = staticmethod(checkpoint_filter_fn)
+    fast_path_name = 'gram_xca'
+    block_type = timm.models.xcit.XCABlock
+    gram_xca = property(ColumnarBackbone._get_fast_path, ColumnarBackbone._set_fast_path,
+                        doc="``'auto'``, True or False: see the class docstring.")
+
+    def __init__(self, arch: str = 'small_12_p16', *, qkv_cfg: Optional[dict] = None,
+                 gram_xca: Union[bool, str] = 'auto', **kwargs) -> None:
+        self.qkv_cfg = normalize_qkv_cfg(qkv_cfg)
+        super().__init__(arch, **kwargs)
+        self.gram_xca = gram_xca
+
+    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: float,
+                     **kwargs) -> nn.Module:
+        trunk = timm.create_model(spec.timm, pretrained=False, num_classes=0,
+                                  drop_path_rate=drop_path_rate, eta=layer_scale, **kwargs)
+        return set_qkv_embed(trunk, self.qkv_cfg)
+
+    def _stem_modules(self) -> List[nn.Module]:
+        return super()._stem_modules() + [self.trunk.pos_embed]  # the Fourier encoding's conv
+
+    def _frozen_modules(self) -> List[nn.Module]:
+        mods = super()._frozen_modules()
+        # F-SNE's codes serve every block: frozen only once all the blocks used are
+        if hasattr(self.trunk, 'qkv_codes') and self.frozen_stages >= self._kept_blocks:
+            mods.append(self.trunk.qkv_codes)
+        return mods
+
+    def dropped_key_patterns(self) -> List[str]:
+        pats = super().dropped_key_patterns()
+        if self.qkv_cfg['type'] != 'Linear':  # a linear checkpoint's qkv has no place here
+            pats.append(r'^trunk\.blocks\.\d+\.attn\.qkv\.(weight|bias)$')
+        return pats
+
+    def init_ok_key_patterns(self) -> List[str]:
+        pats = super().init_ok_key_patterns()
+        if self.qkv_cfg['type'] != 'Linear':  # non-linear Q/K/V (and codes) may start at init
+            pats += [r'^trunk\.blocks\.\d+\.attn\.qkv\.', r'^trunk\.qkv_codes\.']
+        return pats
+
+    def _apply_fast_path(self, mode: Union[bool, str]) -> None:
+        # The faster forward is installed on each block instance, so timm's own
+        # forward_intermediates (its gradient checkpointing included) and forward hooks on the
+        # blocks work unchanged; removing it restores timm's XCABlock.forward.
+        fwd = {True: xca_block_forward, 'auto': xca_block_forward_auto}.get(mode)
+        for blk in self.trunk.blocks:
+            if fwd is None:
+                blk.__dict__.pop('forward', None)
+            else:
+                blk.forward = types.MethodType(fwd, blk)
+
+    def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
+        return self.trunk.forward_intermediates(
+            x, indices=list(self.out_indices), output_fmt='NCHW', intermediates_only=True)
+
+    @classmethod
+    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
+        if 'trunk.blocks.0.local_mp.conv1.weight' not in state_dict:
+            return None
+        dim = state_dict['trunk.blocks.0.gamma1'].shape[0]
+        depth = count_blocks(state_dict)
+        n_convs = sum(1 for k in state_dict
+                      if k.startswith('trunk.patch_embed.proj.') and k.endswith('.0.weight'))
+        patch = {3: 8, 4: 16}.get(n_convs)
+        for name, spec in cls.arch_zoo.items():
+            if (spec.embed_dim, spec.depth, spec.patch_size) == (dim, depth, patch):
+                return name
+        return f'unknown XCiT (embed_dim={dim}, depth={depth}, patch={patch})'
+
+    def describe_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> str:
+        desc = super().describe_state_dict(state_dict)
+        qkv = qkv_cfg_from_state_dict(state_dict, prefix='trunk.')
+        # the Q/K/V embedding is named only where it differs from this model's
+        if (desc.startswith(f'It looks like a checkpoint of {type(self).__name__}')
+                and qkv is not None and normalize_qkv_cfg(qkv) != self.qkv_cfg):
+            desc += f' with qkv_cfg={qkv} (set the backbone\'s qkv_cfg to match it)'
+        return desc

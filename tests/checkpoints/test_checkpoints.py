@@ -1,0 +1,277 @@
+"""Weights: every supported checkpoint format/layout loads, reports, and bad ones are refused."""
+import io
+import os
+
+import numpy as np
+import pytest
+import timm
+import torch
+from conftest import ROOT, official_xcit_state_dict
+from mmdet.registry import MODELS
+from mmengine.logging import HistoryBuffer, MessageHub
+from mmengine.runner.checkpoint import _load_checkpoint
+from safetensors.torch import save_file
+
+from deepvit_mm import CheckpointError, XCiT, read_checkpoint
+
+ARCH = 'nano_12_p16'
+
+
+@pytest.fixture(scope='module')
+def timm_model():
+    torch.manual_seed(1)
+    m = timm.create_model('xcit_nano_12_p16_224', num_classes=1000).eval()
+    for mod in m.modules():  # non-default BN statistics, so loading them is visible
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.3, 0.3)
+    return m
+
+
+def _build(path, arch=ARCH):
+    m = MODELS.build(dict(type='XCiT', arch=arch,
+                          init_cfg=dict(type='Pretrained', checkpoint=str(path))))
+    m.init_weights()
+    return m.eval()
+
+
+def _assert_taps_match(backbone, timm_model):
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        want = timm_model.forward_intermediates(x, indices=list(backbone.out_indices),
+                                                intermediates_only=True)
+        got = backbone._forward_taps(x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_official_release_pth(tmp_path, timm_model):
+    path = tmp_path / 'xcit_nano_12_p16_224.pth'
+    torch.save(official_xcit_state_dict(timm_model), path)
+    m = XCiT(ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    report = m.load_pretrained(str(path))
+    _assert_taps_match(m.eval(), timm_model)
+    dropped = set(report.dropped)
+    assert {'trunk.head.weight', 'trunk.cls_token', 'trunk.norm.weight'} <= dropped
+    assert any(k.startswith('trunk.cls_attn_blocks.') for k in dropped)
+    assert all(k.startswith('adapter.') for k in report.left_at_init)
+    assert len(report.left_at_init) > 0
+    text = report.format()
+    assert 'dropped on purpose' in text and 'left at init' in text and 'adapter.levels' in text
+
+
+def test_init_cfg_pretrained_goes_through_our_loader(tmp_path, timm_model):
+    path = tmp_path / 'official.pth'
+    torch.save(official_xcit_state_dict(timm_model), path)
+    m = _build(path)
+    _assert_taps_match(m, timm_model)
+
+
+def test_timm_pth_and_safetensors(tmp_path, timm_model):
+    sd = {k: v.contiguous() for k, v in timm_model.state_dict().items()}
+    torch.save(sd, tmp_path / 'timm.pth')
+    save_file(sd, str(tmp_path / 'timm.safetensors'))
+    save_file(sd, str(tmp_path / 'no_suffix.bin'))  # detected by content, not the suffix
+    for name in ('timm.pth', 'timm.safetensors', 'no_suffix.bin'):
+        _assert_taps_match(_build(tmp_path / name), timm_model)
+
+
+def _mmengine_meta():
+    hub = MessageHub.get_instance('test_ckpt_meta')
+    hub.update_scalar('train/loss', 0.5)
+    hub.update_scalar('train/loss', np.float64(0.25))
+    hub.update_info('iter', np.int64(7))
+    return dict(epoch=1, iter=7, message_hub=hub.state_dict(),
+                dataset_meta=dict(classes=('a', 'b'), palette=[(1, 2, 3)]))
+
+
+def test_detector_checkpoint_with_mmengine_meta_loads_everything(tmp_path):
+    src = XCiT(ARCH)
+    for p in src.adapter.parameters():
+        p.data.normal_()
+    sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
+    sd['neck.lateral_convs.0.conv.weight'] = torch.zeros(1)
+    path = tmp_path / 'detector.pth'
+    torch.save(dict(state_dict=sd, meta=_mmengine_meta(), optimizer={}), path)
+    m = _build(path)
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(m.state_dict()[k], v)
+    # mmengine's own loading path (load_from / resume / tools/test.py) reads it too
+    ckpt = _load_checkpoint(str(path), map_location='cpu')
+    buf = ckpt['meta']['message_hub']['log_scalars']['train/loss']
+    assert isinstance(buf, HistoryBuffer) and buf.mean() == pytest.approx(0.375)
+
+
+def test_official_detection_layout_maps_fpn_levels(tmp_path):
+    src = XCiT('nano_12_p16')
+    for p in src.adapter.parameters():
+        p.data.normal_()
+    sd = {}
+    for k, v in src.state_dict().items():
+        k = k.replace('trunk.pos_embed.', 'trunk.pos_embeder.')
+        if k.startswith('adapter.levels.'):
+            i, rest = k[len('adapter.levels.'):].split('.', 1)
+            k = f'fpn{int(i) + 1}.{rest}'
+        else:
+            k = k[len('trunk.'):]
+        sd['backbone.' + k] = v
+    assert 'backbone.fpn1.3.weight' in sd and 'backbone.fpn2.0.weight' in sd  # patch 16 layout
+    path = tmp_path / 'official_det.pth'
+    torch.save({'state_dict': sd, 'meta': {}}, path)
+    m = _build(path)
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(m.state_dict()[k], v)
+
+
+def test_other_size_refused_with_tensor_names(tmp_path):
+    big = timm.create_model('xcit_tiny_12_p16_224')
+    path = tmp_path / 'tiny.pth'
+    torch.save(official_xcit_state_dict(big), path)
+    with pytest.raises(CheckpointError) as e:
+        _build(path, arch='nano_12_p16')
+    msg = str(e.value)
+    assert 'another shape' in msg and 'trunk.patch_embed.proj.0.0.weight' in msg
+    assert 'missing from it' not in msg  # a mismatched tensor is reported once
+    assert "XCiT(arch='tiny_12_p16')" in msg  # says what it looks like
+
+
+def test_deeper_model_refused(tmp_path):
+    deep = timm.create_model('xcit_tiny_24_p16_224')
+    path = tmp_path / 'tiny24.pth'
+    torch.save(deep.state_dict(), path)
+    with pytest.raises(CheckpointError, match=r"tiny_24_p16.*does not have.*trunk\.blocks\.\*"):
+        _build(path, arch='tiny_12_p16')
+
+
+def test_other_family_refused(tmp_path):
+    vit = timm.create_model('vit_tiny_patch16_224')
+    path = tmp_path / 'vit.pth'
+    torch.save(vit.state_dict(), path)
+    with pytest.raises(CheckpointError, match='not a checkpoint of a model deepvit_mm knows.*'
+                                              'missing from it'):
+        _build(path)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ('touch PWNED_BY_CHECKPOINT',))
+
+
+def test_pickle_payload_refused_everywhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / 'evil.pth'
+    torch.save({'state_dict': {'x': torch.zeros(1)}, 'meta': _Payload()}, path)
+    with pytest.raises(CheckpointError, match='refusing to load.*posix.system|refusing to load'):
+        read_checkpoint(str(path))
+    with pytest.raises(CheckpointError, match='refusing'):
+        _build(path)
+    with pytest.raises(CheckpointError, match='refusing'):
+        _load_checkpoint(str(path), map_location='cpu')  # load_from, --resume, tools/test.py
+    assert not (tmp_path / 'PWNED_BY_CHECKPOINT').exists()
+
+
+def test_getattr_standin_only_allows_history_buffer_methods(tmp_path):
+    class _Evil:
+        def __init__(self, obj, name):
+            self.obj, self.name = obj, name
+
+        def __reduce__(self):
+            return (getattr, (self.obj, self.name))
+    for obj, name in [(torch.Tensor, 'add_'), (HistoryBuffer, '__init__')]:
+        buf = io.BytesIO()
+        torch.save({'meta': {'f': _Evil(obj, name)}}, buf)
+        path = tmp_path / 'getattr.pth'
+        path.write_bytes(buf.getvalue())
+        with pytest.raises(CheckpointError, match='refusing'):
+            read_checkpoint(str(path))
+
+
+def test_missing_empty_truncated(tmp_path, timm_model):
+    with pytest.raises(FileNotFoundError, match='checkpoint not found'):
+        read_checkpoint(str(tmp_path / 'nope.pth'))
+    (tmp_path / 'empty.pth').write_bytes(b'')
+    with pytest.raises(CheckpointError, match='empty'):
+        read_checkpoint(str(tmp_path / 'empty.pth'))
+    buf = io.BytesIO()
+    torch.save(timm_model.state_dict(), buf)
+    (tmp_path / 'cut.pth').write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+    with pytest.raises(CheckpointError, match='truncated or corrupt'):
+        read_checkpoint(str(tmp_path / 'cut.pth'))
+    save_file({'a': torch.zeros(10)}, str(tmp_path / 'x.safetensors'))
+    data = (tmp_path / 'x.safetensors').read_bytes()
+    (tmp_path / 'cut.safetensors').write_bytes(data[:-8])
+    with pytest.raises(CheckpointError, match='truncated or corrupt'):
+        read_checkpoint(str(tmp_path / 'cut.safetensors'))
+    buf = io.BytesIO()  # the legacy (non-zip) format, cut short
+    torch.save(timm_model.state_dict(), buf, _use_new_zipfile_serialization=False)
+    (tmp_path / 'cut_legacy.pth').write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+    with pytest.raises(CheckpointError, match='truncated or corrupt'):
+        read_checkpoint(str(tmp_path / 'cut_legacy.pth'))
+    (tmp_path / 'text.pth').write_text('not a checkpoint at all')
+    with pytest.raises(CheckpointError):
+        read_checkpoint(str(tmp_path / 'text.pth'))
+
+
+def test_mmengine_checkpoint_reads_in_a_fresh_process(tmp_path):
+    """``--resume`` reads in a new process, where no HistoryBuffer was built yet (mmengine fills
+    its table of statistics methods lazily): the pickled ``getattr(HistoryBuffer, 'min')`` must
+    still be honoured there."""
+    import subprocess
+    import sys
+    buf = HistoryBuffer()
+    buf.update(0.5)
+    path = tmp_path / 'run.pth'
+    torch.save({'state_dict': {'w': torch.ones(2)},
+                'message_hub': {'log_scalars': {'loss': buf}}}, path)
+    code = ('import sys; sys.path.insert(0, sys.argv[2]); '
+            'from deepvit_mm.checkpoints import read_checkpoint; '
+            "b = read_checkpoint(sys.argv[1])['message_hub']['log_scalars']['loss']; "
+            'print(b.min(), b.mean())')
+    out = subprocess.run([sys.executable, '-c', code, str(path), ROOT], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ['0.5', '0.5']
+
+
+@pytest.mark.parametrize('layout', ['mmengine', 'official', 'safetensors'])
+def test_mmengine_loads_name_the_file_in_the_report(tmp_path, monkeypatch, layout):
+    """mmengine's load_checkpoint (load_from, --resume, tools/test.py, the inferencers) reads
+    through the safe reader and loads through the matcher, whose report names the file read:
+    the name travels with the state dict, whatever container the file has."""
+    from mmengine.runner import load_checkpoint
+
+    import deepvit_mm.checkpoints.mmengine_hooks as hooks
+    seen = []
+    real = hooks.load_weights
+    monkeypatch.setattr(hooks, 'load_weights',
+                        lambda *a, **kw: seen.append(kw['source']) or real(*a, **kw))
+    src = XCiT('nano_12_p16')
+    sd = src.state_dict()
+    path = tmp_path / ('weights.safetensors' if layout == 'safetensors' else 'weights.pth')
+    if layout == 'safetensors':
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    else:
+        torch.save(dict(state_dict=sd, meta={}) if layout == 'mmengine' else dict(model=sd), path)
+    dst = XCiT('nano_12_p16')
+    load_checkpoint(dst, str(path), map_location='cpu')
+    assert seen == [repr(str(path))]
+    for k, v in sd.items():
+        assert torch.equal(dst.state_dict()[k], v), k
+
+
+def test_a_complete_model_is_required_by_argument_or_block():
+    """A backbone-only checkpoint leaves the rest of a model at init: refused with
+    ``require_complete=True`` (deploy's export) or inside ``require_complete_model()`` (mmengine's
+    loads in tools/test.py, which take no such argument); loaded otherwise."""
+    from deepvit_mm.checkpoints import load_weights, require_complete_model
+    model = torch.nn.Module()
+    model.backbone, model.neck = XCiT('nano_12_p16'), torch.nn.Linear(2, 2)
+    backbone_only = XCiT('nano_12_p16').state_dict()
+    with pytest.raises(CheckpointError, match=r'has no weights for 2 tensors of Module: neck.*'
+                                              'looks like a backbone checkpoint'):
+        load_weights(model, backbone_only, require_complete=True, log=False)
+    with require_complete_model():
+        with pytest.raises(CheckpointError, match='has no weights for 2 tensors'):
+            load_weights(model, backbone_only, log=False)
+        load_weights(model, backbone_only, require_complete=False, log=False)  # the argument wins
+    report = load_weights(model, backbone_only, log=False)
+    assert report.left_at_init == ['neck.weight', 'neck.bias']

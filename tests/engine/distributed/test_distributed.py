@@ -1,0 +1,572 @@
+"""Distributed training: 2 CPU processes (torchrun via tools/dist_train.sh, gloo) end with the same
+weights; tools/slurm_train.sh hands the right command to srun; mmengine keeps SyncBN in
+distributed runs and reverts it in single-process ones."""
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import ROOT, TESTS
+from mmengine.config import Config
+from mmengine.logging import MMLogger
+from mmengine.registry import MODEL_WRAPPERS
+from mmengine.runner import Runner
+
+from deepvit_mm.checkpoints import CheckpointError, read_checkpoint
+from deepvit_mm.compat.torch import cpu_fsdp_problem
+from deepvit_mm.engine import setup_cpu_distributed
+
+CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
+DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+
+ITERS = 4
+FAKE_SRUN = """#!/usr/bin/env bash
+# stand-in srun: starts --ntasks copies of the command with the task environment Slurm gives them
+# (one task a node here: --ntasks-per-node=1)
+n=1
+while [ $# -gt 0 ]; do
+  case "$1" in --ntasks=*) n=${1#*=} ;; -p) shift ;; -*) ;; *) break ;; esac
+  shift
+done
+pids=()
+for ((i = 0; i < n; i++)); do
+  SLURM_PROCID=$i SLURM_NTASKS=$n SLURM_LOCALID=0 SLURM_NODELIST="node[0-$((n - 1))]" "$@" &
+  pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+exit $rc
+"""
+# what the cluster's scontrol answers for the first node of SLURM_NODELIST
+FAKE_SCONTROL = '#!/usr/bin/env bash\necho 127.0.0.1\necho 127.0.0.2\n'
+
+
+def _kill_leftovers(marker: str) -> None:
+    """SIGKILL what a run left: a killed worker's dataloader process outlives it (stuck in its
+    exit, writing to a queue nobody reads)."""
+    import signal
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                if marker.encode() in f.read() and int(pid) != os.getpid():
+                    os.kill(int(pid), signal.SIGKILL)
+        except OSError:  # exited meanwhile
+            pass
+
+
+def _dist_train(shapes, tmp_path, launch: str, sharded: bool = False, options=(), hooks=(),
+                args=(), env_more=None, while_running=None, imports=()) -> tuple:
+    """The demo detector trained for ITERS steps on 2 CPU processes, launched as ``launch``
+    says: ``torchrun`` (1 node x 2, tools/dist_train.sh), ``nodes`` (2 nodes x 1: two torchrun
+    launches meeting at a c10d rendezvous on the loopback address) or ``slurm``
+    (tools/slurm_train.sh through a stand-in srun: 2 tasks on 2 "nodes", mmengine's slurm
+    launcher). ``sharded``: through FlexibleRunner and FSDPStrategy (configs/_base_/fsdp.py).
+    ``options``: more ``--cfg-options``; ``hooks``: more custom hooks (their config text);
+    ``imports``: more modules for the processes to import; ``args``: more train.py flags;
+    ``env_more``: more environment; ``while_running(work, procs)`` is called once the launches
+    have started. Returns the work dir and the log."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = tmp_path / 'dist_cfg.py'
+    bases = [CFG] + ([os.path.join(ROOT, 'configs', '_base_', 'fsdp.py')] if sharded else [])
+    extra_hooks = ''.join(h + ', ' for h in hooks)
+    cfg.write_text(textwrap.dedent(f"""
+        _base_ = {bases!r}
+        custom_imports = dict(imports=['deepvit_mm', 'rank_dump_hook', *{list(imports)!r}],
+                              allow_failed_imports=False)
+        custom_hooks = [dict(type='RNGStateHook'), dict(type='RankDumpHook'), {extra_hooks}]
+        # the recipes ask for SyncBN; it has no CPU implementation and is reverted on CPU
+        model = dict(backbone=dict(arch='nano_12_p16',
+                                   norm_cfg=dict(type='SyncBN', requires_grad=True)))
+        """))
+    work = tmp_path / 'work'
+    tools = os.path.join(ROOT, 'tools')
+    for name, text in (('srun', FAKE_SRUN), ('scontrol', FAKE_SCONTROL)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o755)
+    port = str(_free_port())
+    env = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='1', PORT=port,
+               PATH=os.pathsep.join([str(tmp_path), os.path.dirname(sys.executable),
+                                     os.environ.get('PATH', '')]),
+               PYTHONPATH=os.pathsep.join([TESTS, ROOT]))
+    for k in [k for k in env if k.startswith('SLURM_') or k in ('MASTER_ADDR', 'MASTER_PORT')]:
+        del env[k]
+    env.update(env_more or {})
+    options = ['--cfg-options', f'train_dataloader.dataset.data_root={shapes}/',
+               'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
+               'train_dataloader.persistent_workers=False', f'train_cfg.max_iters={ITERS}',
+               'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
+               'param_scheduler.0.end=2', 'param_scheduler.1.begin=2',
+               f'param_scheduler.1.end={ITERS}', 'default_hooks.logger.interval=1',
+               f'default_hooks.checkpoint.interval={ITERS}', *options]
+    if launch == 'torchrun':
+        cmds = [['bash', os.path.join(tools, 'dist_train.sh'), str(cfg), '2', '--work-dir',
+                 str(work), *args] + options]
+    elif launch == 'nodes':
+        env.update(NNODES='2', RDZV_ID=f'test{port}')
+        cmds = [['bash', os.path.join(tools, 'dist_train.sh'), str(cfg), '1', '--work-dir',
+                 str(work), *args] + options] * 2
+    else:
+        env.update(GPUS='2', GPUS_PER_NODE='1', CPUS_PER_TASK='1', MASTER_PORT=port)
+        cmds = [['bash', os.path.join(tools, 'slurm_train.sh'), 'part', 'job', str(cfg),
+                 str(work), *args] + options]
+    outs = [open(tmp_path / f'launch{i}.log', 'w+') for i in range(len(cmds))]  # no pipe to fill
+    procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                              text=True) for c, out in zip(cmds, outs)]
+    try:
+        if while_running is not None:
+            while_running(work, procs)
+        for p in procs:
+            p.wait(timeout=600)
+    finally:
+        for p in procs:
+            p.kill()
+        _kill_leftovers(str(tmp_path))
+    logs = []
+    for out in outs:
+        out.seek(0)
+        logs.append(out.read())
+        out.close()
+    log = '\n'.join(logs)
+    assert all(p.returncode == 0 for p in procs), log[-5000:]
+    return work, log
+
+
+@pytest.fixture(scope='module')
+def one_node(shapes, tmp_path_factory):
+    t0 = time.time()
+    work, log = _dist_train(shapes, tmp_path_factory.mktemp('one_node'), 'torchrun')
+    print(f'2-process training: {time.time() - t0:.1f} s')
+    return work, log
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_cpu_processes_end_with_identical_weights(one_node):
+    work, log = one_node
+    r0, r1 = (read_checkpoint(str(work / f'rank{r}.pth')) for r in (0, 1))
+    assert r0['wrapper'] == r1['wrapper'] == 'CPUDistributedDataParallel'
+    assert "distributed backend 'nccl' -> gloo" in log  # the demo config inherits nccl
+    assert 'SyncBN has no CPU implementation' in log
+    assert not any('SyncBatchNorm' in n for n in r0['norms'])
+    # each rank trained on its own share of the data, so only the gradient all-reduce can
+    # keep the weights equal
+    assert len(r0['images']) == len(r1['images']) == 2 * ITERS
+    assert set(r0['images']) != set(r1['images'])
+    assert r0['final'].keys() == r1['final'].keys()
+    differ = [k for k in r0['final'] if not torch.equal(r0['final'][k], r1['final'][k])]
+    assert not differ, f'{len(differ)} tensors differ between the ranks, e.g. {differ[:3]}'
+    moved = [k for k in r0['final'] if not torch.equal(r0['final'][k], r0['initial'][k])]
+    assert len(moved) > 0.9 * len(r0['final'])  # it did train
+    # and rank 0's checkpoint holds them
+    saved = read_checkpoint(str(work / f'iter_{ITERS}.pth'))['state_dict']
+    assert all(torch.equal(saved[k], v) for k, v in r0['final'].items())
+
+
+@pytest.mark.parametrize('launch', ['nodes', 'slurm'])
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_nodes_end_with_the_weights_of_one_node(one_node, shapes, tmp_path, launch):
+    """2 nodes x 1 process (torchrun's c10d rendezvous; Slurm's task environment through
+    mmengine's slurm launcher) train the same weights as 1 node x 2 processes, bit for bit."""
+    work, log = _dist_train(shapes, tmp_path, launch)
+    want = read_checkpoint(str(one_node[0] / 'rank0.pth'))
+    ranks = [read_checkpoint(str(work / f'rank{r}.pth')) for r in (0, 1)]
+    # each process trained on the share of the data one of the one-node processes had
+    shares = sorted(read_checkpoint(str(one_node[0] / f'rank{r}.pth'))['images'] for r in (0, 1))
+    assert sorted(r['images'] for r in ranks) == shares
+    for got in ranks:
+        differ = [k for k in want['final'] if not torch.equal(got['final'][k], want['final'][k])]
+        assert not differ, f'{len(differ)} tensors differ from one node, e.g. {differ[:3]}'
+    launcher = 'slurm' if launch == 'slurm' else 'pytorch'
+    assert f'Distributed launcher: {launcher}' in log and 'GPU number: 2' in log  # world size
+
+
+needs_cpu_fsdp = pytest.mark.skipif(cpu_fsdp_problem() is not None, reason=str(cpu_fsdp_problem()))
+
+
+def _saved(work) -> dict:
+    return read_checkpoint(str(work / f'iter_{ITERS}.pth'))['state_dict']
+
+
+def _initial_weights(one_node, tmp_path) -> str:
+    """The weights the one-node DDP run started from, as a checkpoint for ``load_from``:
+    FlexibleRunner builds the model later than the Runner (after other random draws), so a
+    comparison starts both from the same file."""
+    init = tmp_path / 'init.pth'
+    r0 = read_checkpoint(str(one_node[0] / 'rank0.pth'))
+    torch.save(dict(state_dict={**r0['initial'], **r0['initial_buffers']}), init)
+    return f'load_from={init}'
+
+
+def _grad_norms(log: str) -> list:
+    return [float(v) for v in re.findall(r'Iter\(train\) \[\d+/\d+\].*?grad_norm: ([0-9.]+)', log)]
+
+
+@pytest.fixture(scope='module')
+def sharded(one_node, shapes, tmp_path_factory):
+    """configs/_base_/fsdp.py: the demo detector, 4 steps on 2 CPU processes from the one-node
+    DDP run's start, gradient clipping off, whole checkpoints after steps 2 and 4."""
+    tmp = tmp_path_factory.mktemp('sharded')
+    options = (_initial_weights(one_node, tmp), 'optim_wrapper.clip_grad=None')
+    work, log = _dist_train(shapes, tmp, 'torchrun', sharded=True,
+                            options=options + ('default_hooks.checkpoint.interval=2',
+                                               'default_hooks.checkpoint.max_keep_ckpts=2'))
+    return work, log, options
+
+
+@needs_cpu_fsdp
+@pytest.mark.parametrize('variant', ['recipe', 'layer_decay_with_cp'])
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_fsdp_trains_the_weights_of_ddp(one_node, sharded, shapes, tmp_path, variant):
+    """configs/_base_/fsdp.py on 2 CPU processes: one FSDP unit per trunk block, and after 4 steps
+    its full checkpoint (gathered on rank 0) holds the weights DDP trained, bit for bit. The
+    second variant adds what the large backbones train with: layer-wise lr decay and gradient
+    checkpointing. (Gradient clipping is off here: its norm sums the shards in another order,
+    test_fsdp_clips_by_the_norm_of_the_whole_gradient.)"""
+    options = (_initial_weights(one_node, tmp_path), 'optim_wrapper.clip_grad=None')
+    if variant != 'recipe':
+        options += ('optim_wrapper.constructor=ColumnarLayerDecayOptimizerConstructor',
+                    'optim_wrapper.paramwise_cfg.decay_rate=0.65', 'model.backbone.with_cp=True')
+    ddp, _ = _dist_train(shapes, tmp_path / 'ddp', 'torchrun', options=options)
+    if variant == 'recipe':
+        work, log = sharded[:2]
+    else:
+        work, log = _dist_train(shapes, tmp_path / 'fsdp', 'torchrun', sharded=True,
+                                options=options)
+    r0 = read_checkpoint(str(work / 'rank0.pth'))
+    assert r0['wrapper'] == 'CPUFullyShardedDataParallel'
+    assert r0['units'] == 8 + 1  # the demo's 8 trunk blocks, and the root
+    if variant != 'recipe':
+        assert 'layer-wise lr decay 0.65 over 8 blocks' in log
+    got, want = _saved(work), _saved(ddp)
+    assert got.keys() == want.keys()
+    differ = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not differ, f'{len(differ)} of {len(want)} tensors differ from DDP, e.g. {differ[:3]}'
+    start = read_checkpoint(str(ddp / 'rank0.pth'))['initial']
+    moved = [k for k, v in start.items() if not torch.equal(got[k], v)]
+    assert len(moved) > 0.9 * len(start)  # it did train
+
+
+@needs_cpu_fsdp
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_fsdp_clips_by_the_norm_of_the_whole_gradient(one_node, shapes, tmp_path):
+    """The demo clips gradients at norm 5. With mmengine's FSDPStrategy each process clips by the
+    norm of its own shards; GlobalNormFSDPStrategy (configs/_base_/fsdp.py) by the whole
+    gradient's, which DDP logs."""
+    init = _initial_weights(one_node, tmp_path)
+    ddp = _grad_norms(one_node[1])
+    ours = _grad_norms(_dist_train(shapes, tmp_path / 'ours', 'torchrun', sharded=True,
+                                   options=(init,))[1])
+    theirs = _grad_norms(_dist_train(shapes, tmp_path / 'mmengine', 'torchrun', sharded=True,
+                                     options=(init, 'strategy.type=FSDPStrategy'))[1])
+    print(f'grad norms: DDP {ddp}, GlobalNormFSDPStrategy {ours}, FSDPStrategy {theirs}')
+    assert len(ddp) == len(ours) == len(theirs) == ITERS
+    assert ours[0] == ddp[0]  # the same gradient; later steps differ in rounding only
+    assert all(abs(o - d) <= 1e-3 * d for o, d in zip(ours, ddp))
+    assert abs(theirs[0] - ddp[0]) > 0.05 * ddp[0]
+
+
+@pytest.mark.parametrize('sharded_run', [False, pytest.param(True, marks=needs_cpu_fsdp)],
+                         ids=['ddp', 'fsdp'])
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_process_run_resumes_bit_identical(shapes, tmp_path, sharded_run):
+    """--resume of a 2-process run (DDP, or FSDP from its whole checkpoint) after step 2 ends
+    where the uninterrupted run did: each process gets its own RNG state back (RNGStateHook), and
+    with the optimizer's parts where they belong (GlobalNormFSDPStrategy). Augmentation runs in a
+    dataloader worker, as RNGStateHook asks."""
+    options = ('train_dataloader.num_workers=1', 'default_hooks.checkpoint.interval=2',
+               'default_hooks.checkpoint.max_keep_ckpts=2')
+    work, _ = _dist_train(shapes, tmp_path / 'whole', 'torchrun', sharded=sharded_run,
+                          options=options)
+    resumed, log = _dist_train(shapes, tmp_path / 'resumed', 'torchrun', sharded=sharded_run,
+                               options=options + ('resume=True',
+                                                  f'load_from={work / "iter_2.pth"}'))
+    assert 'resumed epoch: 0, iter: 2' in log
+    got, want = _saved(resumed), _saved(work)
+    differ = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not differ, f'{len(differ)} of {len(want)} tensors differ, e.g. {differ[:3]}'
+    ranks = read_checkpoint(str(work / 'iter_2.pth'))['rng_state']['ranks']
+    assert len(ranks) == 2 and not torch.equal(ranks[0]['torch'], ranks[1]['torch'])
+
+
+
+# ------------------------------------------------------------------------------ elastic restart
+# 6 steps, a checkpoint after steps 2, 4 and 6; the dataloader in a worker process (RNGStateHook)
+ELASTIC = ('train_dataloader.num_workers=1', 'default_hooks.checkpoint.interval=2',
+           'default_hooks.checkpoint.max_keep_ckpts=3', 'train_cfg.max_iters=6',
+           'param_scheduler.1.end=6')
+
+
+@pytest.fixture(scope='module', params=[False, pytest.param(True, marks=needs_cpu_fsdp)],
+                ids=['ddp', 'fsdp'])
+def uninterrupted(request, shapes, tmp_path_factory):
+    """The weights after 6 steps of a 2-process run that nothing interrupts."""
+    work, _ = _dist_train(shapes, tmp_path_factory.mktemp('uninterrupted'), 'torchrun',
+                          sharded=request.param, options=ELASTIC)
+    return request.param, read_checkpoint(str(work / 'iter_6.pth'))['state_dict']
+
+
+def _kill_rank1_once(marker: str):
+    """``while_running``: once ``work/<marker>`` exists, SIGKILL the worker of rank 1."""
+    import signal
+
+    def run(work, procs):
+        deadline = time.time() + 300
+        while not (work / marker).exists():
+            assert all(p.poll() is None for p in procs), 'the run ended before the kill'
+            assert time.time() < deadline, f'no {marker} after 300 s'
+            time.sleep(0.05)
+        os.kill(int((work / 'rank1.pid').read_text()), signal.SIGKILL)
+    return run
+
+
+@pytest.mark.parametrize('launch', ['torchrun', 'nodes'])
+def test_a_killed_worker_restarts_the_group_and_ends_bit_identical(uninterrupted, shapes,
+                                                                   tmp_path, launch):
+    """kill -9 of rank 1 after step 5 of 6 (tools/dist_train.sh with MAX_RESTARTS and --resume;
+    ``nodes``: two torchrun agents, one worker each, at a c10d rendezvous): torchrun restarts
+    the group, which resumes from step 4's checkpoint and ends with the uninterrupted run's
+    weights, bit for bit."""
+    sharded, want = uninterrupted
+    if sharded and launch == 'nodes':
+        pytest.skip('FSDP restarts as DDP does; on two nodes once, with DDP')
+    work, log = _dist_train(shapes, tmp_path, launch, sharded=sharded, options=ELASTIC,
+                            hooks=["dict(type='KillPointHook', rank=1, after_iter=5)"],
+                            args=('--resume',), env_more=dict(MAX_RESTARTS='2'),
+                            while_running=_kill_rank1_once('hang'))
+    # torchrun saw the kill, and the restarted group resumed (the first try had no checkpoint)
+    assert re.search(r'failed \(exitcode: -9\) local_rank: \d', log), log[-5000:]
+    assert 'resumed epoch: 0, iter: 4' in log, log[-5000:]
+    got = read_checkpoint(str(work / 'iter_6.pth'))['state_dict']
+    differ = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not differ, f'{len(differ)} of {len(want)} tensors differ, e.g. {differ[:3]}'
+
+
+def test_a_worker_killed_while_rank0_writes_a_checkpoint(uninterrupted, shapes, tmp_path):
+    """Rank 1 killed while rank 0 writes step 4's checkpoint (half written, then the restart
+    stops rank 0): the group resumes from step 2's, the newest complete one, and ends with the
+    uninterrupted run's weights."""
+    sharded, want = uninterrupted
+    if sharded:
+        pytest.skip('the checkpoint write is the same code under FSDP: once, with DDP')
+    saving = tmp_path / 'work' / 'saving'
+    work, log = _dist_train(shapes, tmp_path, 'torchrun', options=ELASTIC, imports=['slow_save'],
+                            hooks=["dict(type='KillPointHook')"], args=('--resume',),
+                            env_more=dict(MAX_RESTARTS='1', SLOW_SAVE_MATCH='iter_4',
+                                          SLOW_SAVE_MARKER=str(saving)),
+                            while_running=_kill_rank1_once('saving'))
+    assert re.search(r'failed \(exitcode: -9\) local_rank: 1', log), log[-5000:]
+    assert 'resumed epoch: 0, iter: 2' in log and 'resumed epoch: 0, iter: 4' not in log
+    got = read_checkpoint(str(work / 'iter_6.pth'))['state_dict']
+    differ = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not differ, f'{len(differ)} of {len(want)} tensors differ, e.g. {differ[:3]}'
+
+
+@needs_cpu_fsdp
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_sharded_checkpoints_are_read_by_every_tool(sharded, shapes, tmp_path):
+    """The whole checkpoint a sharded run writes is an ordinary one: tools/test.py evaluates it
+    (one process, the plain config), load_from starts from it, the inferencers draw with it. A
+    sharded one (state_dict_cfg='local': a folder of per-process parts) is refused, saying what to
+    do, by the tools and by the loader given one of its parts."""
+    from deepvit_mm.apis import build_inferencer
+    ckpt = sharded[0] / f'iter_{ITERS}.pth'
+    cfg = tmp_path / 'plain.py'
+    cfg.write_text(textwrap.dedent(f"""
+        _base_ = {CFG!r}
+        model = dict(backbone=dict(arch='nano_12_p16'))
+        data_root = {shapes + '/'!r}
+        val_dataloader = dict(num_workers=0, persistent_workers=False,
+                              dataset=dict(data_root=data_root))
+        test_dataloader = val_dataloader
+        val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
+        test_evaluator = val_evaluator
+        """))
+    env = dict(os.environ, PYTHONWARNINGS='ignore', PYTHONPATH=ROOT)
+    test_py = [sys.executable, os.path.join(ROOT, 'tools', 'test.py'), str(cfg)]
+    out = subprocess.run(test_py + [str(ckpt), '--work-dir', str(tmp_path / 'test')], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert 'coco/bbox_mAP' in out.stdout + out.stderr
+    # the inferencer, with the weights the run saved
+    inferencer, _ = build_inferencer(str(cfg), str(ckpt), device='cpu')
+    want = read_checkpoint(str(ckpt))['state_dict']
+    got = inferencer.model.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+    image = os.path.join(shapes, 'val', sorted(os.listdir(os.path.join(shapes, 'val')))[0])
+    assert len(inferencer(image, return_datasamples=True)['predictions']) == 1
+    # a sharded checkpoint: one part per process
+    local, _ = _dist_train(shapes, tmp_path / 'local', 'torchrun', sharded=True, options=(
+        'train_cfg.max_iters=2', 'default_hooks.checkpoint.interval=2',
+        'strategy.state_dict_cfg=local'))
+    parts = local / 'iter_2.pth'
+    assert sorted(os.listdir(parts)) == ['rank0.pth', 'rank1.pth']
+    out = subprocess.run(test_py + [str(parts)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode != 0
+    assert 'is a sharded checkpoint (rank0.pth, rank1.pth)' in out.stderr
+    assert 'train with configs/_base_/fsdp.py' in out.stderr
+    with pytest.raises(CheckpointError, match="part of a sharded checkpoint.*state_dict_cfg='full'"):
+        read_checkpoint(str(parts / 'rank0.pth'))
+
+
+@pytest.mark.slow
+def test_slurm_train_hands_the_command_to_srun(tmp_path):
+    fake = tmp_path / 'srun'
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$SRUN_LOG"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / 'args'
+    env = dict(os.environ, PATH=f'{tmp_path}{os.pathsep}{os.environ["PATH"]}', SRUN_LOG=str(log),
+               GPUS='16', SRUN_ARGS='--quotatype=auto --exclusive')
+    script = os.path.join(ROOT, 'tools', 'slurm_train.sh')
+    out = subprocess.run(['bash', script, 'part', 'job', 'configs/x.py', 'work_dirs/x', '--amp',
+                          '--cfg-options', 'a=1'], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    args = log.read_text().splitlines()
+    assert args[:2] == ['-p', 'part']
+    assert {'--job-name=job', '--gres=gpu:8', '--ntasks=16', '--ntasks-per-node=8',
+            '--cpus-per-task=5', '--kill-on-bad-exit=1', '--quotatype=auto',
+            '--exclusive'} <= set(args)
+    py = args.index('python')
+    assert args[py:] == ['python', '-u', os.path.join(os.path.dirname(script), 'train.py'),
+                         'configs/x.py', '--work-dir=work_dirs/x', '--launcher=slurm', '--amp',
+                         '--cfg-options', 'a=1']
+    usage = subprocess.run(['bash', script, 'part'], env=env, capture_output=True, text=True)
+    assert usage.returncode == 2 and 'usage' in usage.stderr
+
+
+@MODEL_WRAPPERS.register_module(force=True)
+class SyncBNProbeWrapper(torch.nn.Module):
+    """Stands in for DistributedDataParallel (which needs GPUs for a model with SyncBN)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+
+@pytest.mark.parametrize('distributed', [False, True])
+def test_mmengine_keeps_syncbn_only_when_distributed(distributed):
+    """What the recipes rely on: Runner.wrap_model reverts SyncBN to BN in a single-process run
+    and keeps it in a distributed one."""
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    model = MODELS.build(dict(type='XCiT', arch='nano_12_p16',
+                              norm_cfg=dict(type='SyncBN', requires_grad=True)))
+    assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
+    runner = Runner.__new__(Runner)  # only wrap_model's inputs: no work dir, no logger files
+    runner._distributed, runner.cfg = distributed, Config(dict())
+    runner.logger = type('Log', (), {'info': staticmethod(lambda *a: None)})()
+    wrapped = runner.wrap_model(dict(type='SyncBNProbeWrapper'), model)
+    inner = wrapped.module if distributed else wrapped
+    has_sync = any(isinstance(m, torch.nn.SyncBatchNorm) for m in inner.modules())
+    assert has_sync == distributed
+
+
+def test_setup_cpu_distributed(monkeypatch):
+    MMLogger.get_instance('test_setup_cpu_distributed')  # print_log's 'current' logger, made before
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(dist, 'is_initialized', lambda: True)  # no process group needed here
+    cfg = Config(dict(launcher='pytorch', env_cfg=dict(dist_cfg=dict(backend='nccl', timeout=60))))
+    setup_cpu_distributed(cfg)
+    assert cfg.env_cfg.dist_cfg == dict(backend='gloo', timeout=60)
+    assert cfg.model_wrapper_cfg == dict(type='CPUDistributedDataParallel',
+                                         broadcast_buffers=False, find_unused_parameters=False)
+    flexible = Config(dict(launcher='pytorch', runner_type='FlexibleRunner',
+                           strategy=dict(type='DDPStrategy')))
+    setup_cpu_distributed(flexible)  # FlexibleRunner: the strategy's wrapper, not the Runner's
+    assert flexible.strategy.model_wrapper == dict(type='CPUDistributedDataParallel',
+                                                   broadcast_buffers=False)
+    assert 'model_wrapper_cfg' not in flexible
+    single = Config(dict(launcher='none'))
+    setup_cpu_distributed(single)
+    assert 'model_wrapper_cfg' not in single
+    with pytest.raises(RuntimeError, match='torchrun'):
+        setup_cpu_distributed(Config(dict(launcher='mpi')))
+
+
+def test_slurm_on_cpu_refuses_without_slurms_environment(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    for k in ('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_NODELIST', 'MASTER_ADDR'):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(RuntimeError, match='without SLURM_PROCID, SLURM_NTASKS, SLURM_NODELIST'):
+        setup_cpu_distributed(Config(dict(launcher='slurm')))
+    monkeypatch.setenv('SLURM_PROCID', '1')
+    monkeypatch.setenv('SLURM_NTASKS', '2')
+    monkeypatch.setenv('SLURM_NODELIST', 'node[0-1]')
+    monkeypatch.setenv('PATH', str(tmp_path))  # no scontrol
+    with pytest.raises(RuntimeError, match='set MASTER_ADDR'):
+        setup_cpu_distributed(Config(dict(launcher='slurm')))
+
+
+def test_fsdp_on_cpu_is_refused_at_once_where_torch_cannot(monkeypatch):
+    """configs/_base_/fsdp.py on CPU processes: refused before anything is built on a torch whose
+    FSDP cannot run on CPU (torch 2.1), with the release it needs; set up for gloo elsewhere."""
+    MMLogger.get_instance('test_fsdp_refusal')  # print_log's 'current' logger, made before
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(dist, 'is_initialized', lambda: True)  # no process group needed here
+    cfg = Config.fromfile(os.path.join(ROOT, 'configs', '_base_', 'fsdp.py'))
+    cfg.launcher = 'pytorch'
+    if cpu_fsdp_problem():
+        with pytest.raises(RuntimeError, match=r'torch 2\.13\.0'):
+            setup_cpu_distributed(cfg)
+        return
+    setup_cpu_distributed(cfg)
+    assert cfg.strategy.model_wrapper.type == 'CPUFullyShardedDataParallel'
+    assert cfg.strategy.state_dict_cfg.state_dict_config.offload_to_cpu is False
+    assert 'model_wrapper_cfg' not in cfg  # the Runner's; FlexibleRunner reads the strategy's
+
+
+@needs_cpu_fsdp
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_fsdp_trains_a_cait_segmentor(tmp_path):
+    """configs/_base_/fsdp.py on an mmseg model with a CaiT backbone: the segmentation demo with
+    CaiT-XXS24 trains 2 steps on 2 CPU processes, one FSDP unit per block, and its whole
+    checkpoint holds the CaiT weights."""
+    from deepvit_tools.demo_data import make_ade_demo
+    data = tmp_path / 'ade'
+    make_ade_demo(str(data), num_train=4, num_val=1, size=128)
+    cfg = tmp_path / 'seg_fsdp.py'
+    cfg.write_text(textwrap.dedent(f"""
+        _base_ = [{DEMO_SEG!r}, {os.path.join(ROOT, 'configs', '_base_', 'fsdp.py')!r}]
+        custom_imports = dict(imports=['deepvit_mm', 'rank_dump_hook'], allow_failed_imports=False)
+        custom_hooks = [dict(type='RankDumpHook')]
+        model = dict(backbone=dict(_delete_=True, type='CaiT', arch='xxs24', init_cfg=None,
+                                   norm_cfg=dict(type='BN', requires_grad=True)),
+                     neck=dict(in_channels=[192] * 4))
+        """))
+    env = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='1', PORT=str(_free_port()),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', ''),
+               PYTHONPATH=os.pathsep.join([TESTS, ROOT]))
+    work = tmp_path / 'work'
+    out = subprocess.run(
+        ['bash', os.path.join(ROOT, 'tools', 'dist_train.sh'), str(cfg), '2', '--work-dir',
+         str(work), '--cfg-options', f'train_dataloader.dataset.data_root={data}',
+         'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
+         'train_dataloader.persistent_workers=False', 'train_cfg.max_iters=2', 'val_cfg=None',
+         'val_dataloader=None', 'val_evaluator=None', 'default_hooks.checkpoint.interval=2'],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
+    assert read_checkpoint(str(work / 'rank0.pth'))['units'] == 24 + 1
+    saved = read_checkpoint(str(work / 'iter_2.pth'))['state_dict']
+    assert sum(k.startswith('backbone.trunk.blocks.') for k in saved) > 24 * 10

@@ -1,0 +1,231 @@
+"""Reliability of training runs: crash + resume equals an uninterrupted run (a kill during a
+checkpoint write included), broken last checkpoints skipped, deterministic losses."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import ROOT, TESTS
+
+from deepvit_mm.checkpoints import find_resumable_checkpoint, read_checkpoint
+
+CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
+ENV = dict(os.environ, PYTHONWARNINGS='ignore', OMP_NUM_THREADS='2')
+
+
+
+def _train_cmd(data, work_dir, max_iters, ckpt_every, *extra, opts=()):
+    return [sys.executable, os.path.join(ROOT, 'tools', 'train.py'), CFG, '--work-dir',
+            str(work_dir), *extra, '--cfg-options',
+            f'train_dataloader.dataset.data_root={data}/',
+            f'val_dataloader.dataset.data_root={data}/',
+            f'val_evaluator.ann_file={data}/annotations/instances_val.json',
+            'model.backbone.arch=nano_12_p16', 'train_dataloader.batch_size=2',
+            f'train_cfg.max_iters={max_iters}', f'train_cfg.val_interval={10 * max_iters}',
+            'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
+            f'param_scheduler.0.end={max_iters // 2}', f'param_scheduler.1.begin={max_iters // 2}',
+            f'param_scheduler.1.end={max_iters}', f'default_hooks.checkpoint.interval={ckpt_every}',
+            'default_hooks.checkpoint.max_keep_ckpts=-1', 'default_hooks.logger.interval=1', *opts]
+
+
+def _run(cmd):
+    out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def _weights(path):
+    return read_checkpoint(str(path))['state_dict']
+
+
+def _losses(work_dir):
+    (run,) = [d for d in os.listdir(work_dir) if os.path.isdir(os.path.join(work_dir, d))]
+    with open(os.path.join(work_dir, run, 'vis_data', 'scalars.json')) as f:
+        rows = [json.loads(line) for line in f]
+    return [(r['iter'], r['loss']) for r in rows if 'loss' in r]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_uninterrupted_run(shapes, tmp_path):
+    ref, crash = tmp_path / 'ref', tmp_path / 'crash'
+    _run(_train_cmd(shapes, ref, 12, 4))
+
+    proc = subprocess.Popen(_train_cmd(shapes, crash, 12, 4), cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    _kill_when(proc, (crash / 'iter_4.pth').exists, 'it could be killed')
+    assert not (crash / 'iter_12.pth').exists()
+
+    out = _run(_train_cmd(shapes, crash, 12, 4, '--resume'))
+    assert 'resumed epoch: 0, iter: ' in out.stdout + out.stderr
+    want, got = _weights(ref / 'iter_12.pth'), _weights(crash / 'iter_12.pth')
+    assert want.keys() == got.keys()
+    diff = [k for k in want if not torch.equal(want[k], got[k])]
+    assert not diff, f'{len(diff)} tensors differ, e.g. {diff[:3]}'
+
+
+@pytest.mark.slow
+def test_same_seed_same_losses(shapes, tmp_path):
+    a, b = tmp_path / 'a', tmp_path / 'b'
+    _run(_train_cmd(shapes, a, 20, 100))
+    _run(_train_cmd(shapes, b, 20, 100))
+    la, lb = _losses(a), _losses(b)
+    assert len(la) == 20 and la == lb
+
+
+def _kill_when(proc, done, what):
+    deadline = time.time() + 300
+    while not done() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f'training ended before {what}'
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.slow
+def test_kill_during_a_checkpoint_write_loses_nothing_complete(shapes, tmp_path):
+    """With max_keep_ckpts=1, a run killed while it writes iter_8 keeps iter_4 (mmengine's own
+    hook deletes it first), resumes from it, leaves no temp file and ends bit-identical to an
+    uninterrupted run."""
+    ref, crash = tmp_path / 'ref', tmp_path / 'crash'
+    keep1 = ['default_hooks.checkpoint.max_keep_ckpts=1']
+    _run(_train_cmd(shapes, ref, 12, 4, opts=keep1))
+    marker = tmp_path / 'writing'
+    env = dict(ENV, PYTHONPATH=TESTS,
+               SLOW_SAVE_MATCH='iter_8.pth', SLOW_SAVE_MARKER=str(marker))
+    train = _train_cmd(shapes, crash, 12, 4, opts=keep1)
+    cmd = [sys.executable, '-c', 'import runpy, sys, slow_save; sys.argv = sys.argv[1:]; '
+           'runpy.run_path(sys.argv[0], run_name="__main__")', *train[1:]]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    _kill_when(proc, marker.exists, 'the iter_8 write')
+    def saved():  # what the checkpoint hook wrote (mmengine also dumps the config there)
+        return sorted(n for n in os.listdir(crash) if '.pth' in n or n == 'last_checkpoint')
+    assert saved() == ['iter_4.pth', 'iter_8.pth.tmp', 'last_checkpoint']
+    assert (crash / 'last_checkpoint').read_text() == str(crash / 'iter_4.pth')
+    out = _run(_train_cmd(shapes, crash, 12, 4, '--resume', opts=keep1))
+    log = out.stdout + out.stderr
+    assert 'resumed epoch: 0, iter: 4' in log and 'removed iter_8.pth.tmp' in log
+    assert saved() == ['iter_12.pth', 'last_checkpoint']
+    want, got = _weights(ref / 'iter_12.pth'), _weights(crash / 'iter_12.pth')
+    diff = [k for k in want if not torch.equal(want[k], got[k])]
+    assert not diff, f'{len(diff)} tensors differ, e.g. {diff[:3]}'
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_training(shapes, tmp_path):
+    cmd = _train_cmd(shapes, tmp_path / 'wd', 6, 2,
+                     opts=['model.roi_head.bbox_head.loss_bbox.loss_weight=nan'])
+    out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    assert 'FloatingPointError: training stopped: at iteration 1 the loss is not finite' \
+        in out.stderr, out.stderr[-3000:]
+    assert 'loss_bbox=nan' in out.stderr and 'No checkpoint was saved before it' in out.stderr
+    assert not [n for n in os.listdir(tmp_path / 'wd') if n.endswith('.pth')]
+
+
+@pytest.mark.slow
+def test_disk_full_during_a_checkpoint_write_stops_with_one_message(shapes, tmp_path):
+    """A real run resumed under a file-size limit below a checkpoint's size (RLIMIT_FSIZE: the
+    write fails with EFBIG, as on a full disk or quota): one message, the previous checkpoint kept
+    and named, no temporary file left."""
+    import resource
+    wd = tmp_path / 'wd'
+    _run(_train_cmd(shapes, wd, 2, 2))
+    size = os.path.getsize(wd / 'iter_2.pth')
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
+    out = subprocess.run(_train_cmd(shapes, wd, 4, 2, '--resume'), cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=600, preexec_fn=limit)
+    assert out.returncode == 1, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r'training stopped: could not write the checkpoint \S+/iter_4\.pth \(EFBIG: File too '
+        r'large\)\. The previous complete checkpoint, \S+/iter_2\.pth, is kept\. No partial file '
+        r'was left\. Free space .*, then continue with tools/train\.py CONFIG --resume\.', last), last
+    assert 'Traceback' not in out.stderr
+    assert sorted(n for n in os.listdir(wd) if 'iter_' in n) == ['iter_2.pth']
+    assert (wd / 'last_checkpoint').read_text().strip().endswith('iter_2.pth')
+    assert find_resumable_checkpoint(str(wd)).endswith('iter_2.pth')
+
+
+def test_a_failed_last_checkpoint_write_keeps_the_old_one_and_leaves_no_temporary_file(
+        tmp_path, monkeypatch):
+    """``last_checkpoint`` is written beside a checkpoint, atomically: when that write fails,
+    the file keeps naming the previous checkpoint and its temporary file is removed."""
+    import errno
+
+    from deepvit_mm.engine.hooks import crash_safe_checkpoint_hook as hooks
+    marker = tmp_path / 'last_checkpoint'
+    marker.write_text('/old/iter_2.pth')
+
+    def full(tmp, final):
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    monkeypatch.setattr(hooks, '_commit', full)
+    with pytest.raises(OSError, match='No space left'):
+        hooks._write_text_atomically(str(marker), '/new/iter_4.pth')
+    assert os.listdir(tmp_path) == ['last_checkpoint']
+    assert marker.read_text() == '/old/iter_2.pth'
+
+
+def test_resume_skips_an_incomplete_last_checkpoint(tmp_path):
+    torch.save({'state_dict': {'w': torch.ones(3)}, 'meta': {}}, tmp_path / 'iter_4.pth')
+    torch.save({'state_dict': {'w': torch.ones(1000)}, 'meta': {}}, tmp_path / 'iter_8.pth')
+    data = (tmp_path / 'iter_8.pth').read_bytes()
+    (tmp_path / 'iter_8.pth').write_bytes(data[: len(data) // 3])  # killed mid-write
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_8.pth'))
+    assert find_resumable_checkpoint(str(tmp_path)) == str(tmp_path / 'iter_4.pth')
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_'))  # itself cut short
+    assert find_resumable_checkpoint(str(tmp_path)) == str(tmp_path / 'iter_4.pth')
+    assert find_resumable_checkpoint(str(tmp_path / 'nothing_here')) is None
+
+
+@pytest.mark.slow
+def test_resume_never_evaluates_config_text_planted_in_the_checkpoint(shapes, tmp_path):
+    """mmengine's Runner.resume evaluates meta['config'] with Config.fromstring: code planted there
+    (in an otherwise plain-data checkpoint) does not run; the run stops with a message."""
+    wd = tmp_path / 'wd'
+    _run(_train_cmd(shapes, wd, 2, 2))
+    ckpt = torch.load(wd / 'iter_2.pth', weights_only=False)  # our own file, read in full
+    ckpt['meta']['config'] = "import os\nos.system('touch PWNED')\ngpu_ids = [0]\n"
+    planted = tmp_path / 'planted.pth'
+    torch.save(ckpt, planted)
+    out = subprocess.run(_train_cmd(shapes, tmp_path / 'wd2', 4, 2, '--resume', str(planted)),
+                         cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    assert "did not evaluate the config text stored in checkpoint" in out.stderr
+    assert "checkpoint['meta']['config']" in out.stderr and 'DEEPVIT_MM_TRUSTED_CHECKPOINTS' \
+        in out.stderr
+    assert not (tmp_path / 'PWNED').exists()
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ('touch PWNED_BY_CHECKPOINT',))
+
+
+@pytest.mark.parametrize('tool', ['test', 'resume'])
+@pytest.mark.slow
+def test_pickle_payload_refused_by_the_tools(shapes, tmp_path, tool):
+    """``tools/test.py CKPT`` and ``tools/train.py --resume CKPT`` refuse a checkpoint that would
+    run a command when unpickled, say why, and run nothing."""
+    evil = tmp_path / 'evil.pth'
+    torch.save({'state_dict': {}, 'meta': _Payload()}, evil)
+    if tool == 'test':
+        cmd = [sys.executable, os.path.join(ROOT, 'tools', 'test.py'), CFG, str(evil),
+               '--work-dir', str(tmp_path / 'wd'), '--cfg-options',
+               f'test_dataloader.dataset.data_root={shapes}/',
+               f'test_evaluator.ann_file={shapes}/annotations/instances_val.json',
+               'model.backbone.arch=nano_12_p16']
+    else:
+        cmd = _train_cmd(shapes, tmp_path / 'wd', 4, 4, '--resume', str(evil))
+    out = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0
+    assert 'refusing to load' in out.stderr and 'posix.system' in out.stderr
+    assert not (tmp_path / 'PWNED_BY_CHECKPOINT').exists()

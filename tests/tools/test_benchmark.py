@@ -1,0 +1,546 @@
+"""The measurement harness (deepvit_tools.benchmark) and the three tools that call it.
+
+Speed is measured by the tools, never asserted here: the tests check what each number is made of
+(which call was timed, what memory was counted, which rows a report gets)."""
+import csv
+import importlib.util
+import json
+import math
+import os
+import shlex
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT
+
+from deepvit_mm.compat.torch import cpu_float16_training_problem
+from deepvit_tools import benchmark as bm
+
+DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
+DEMO_DET = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
+SMALL_DET = {'model.backbone.arch': 'nano_12_p16'}  # the demo detector, cheaper
+LINUX = os.path.exists('/proc/self/clear_refs')
+
+
+def _tool(name):
+    """tools/analysis/<name>.py (the measuring tools) as a module, without touching sys.path."""
+    spec = importlib.util.spec_from_file_location(
+        f'{name}_tool', os.path.join(ROOT, 'tools', 'analysis', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --------------------------------------------------------------------------------------------
+# isolation and peak memory
+# --------------------------------------------------------------------------------------------
+def _allocate(mib: int):
+    """In a fresh process: the peak memory of a call that touches ``mib`` MiB and frees them."""
+    def run():
+        if mib:
+            torch.ones(mib * 2 ** 20 // 4).add_(1)
+    return bm.peak_memory(run, 'cpu')
+
+
+def _fail(message):
+    raise KeyError(message)
+
+
+def _sleep(seconds):
+    import time
+    time.sleep(seconds)
+
+
+@pytest.mark.skipif(not LINUX, reason='Linux /proc')
+def test_cpu_peak_memory_sees_a_known_allocation_and_nothing_else():
+    growth, method, absolute = bm.run_isolated(_allocate, 200)
+    assert 195 <= growth < 260, growth
+    assert method == 'VmHWM - VmRSS (fresh process)'
+    assert absolute['peak'] - absolute['before'] == pytest.approx(growth)
+    idle, _, _ = bm.run_isolated(_allocate, 0)
+    assert idle < 10, idle
+
+
+def test_tensor_peak_counts_the_tensors_of_a_call():
+    def run():
+        a = torch.ones(16 * 2 ** 20 // 4)  # 16 MiB
+        b = torch.ones(32 * 2 ** 20 // 4)  # + 32 MiB alive together
+        del a, b
+        torch.ones(8 * 2 ** 20 // 4)  # 8 MiB after both were freed: not a new peak
+    assert bm.tensor_peak(run) == pytest.approx(48, abs=0.5)
+
+
+def test_isolated_failures_raise_with_the_reason():
+    with pytest.raises(bm.IsolatedError, match="KeyError: 'no such thing'"):
+        bm.run_isolated(_fail, 'no such thing')
+    with pytest.raises(bm.IsolatedError, match='timed out after 0.5 s'):
+        bm.run_isolated(_sleep, 60, timeout=0.5)
+
+
+def test_failures_come_back_as_rows():
+    res = bm.measure_isolated(bm.Case('nano_12_p16', (8, 8), repeats=0))  # below one patch
+    assert 'smaller than one 16x16 patch' in res['error'] and res['label'] == 'nano_12_p16'
+
+
+# --------------------------------------------------------------------------------------------
+# models and synthetic batches
+# --------------------------------------------------------------------------------------------
+def test_backbones_are_built_by_family_through_the_registry():
+    assert bm.backbone_family('xcit_nano_12_p16_224').__name__ == 'XCiT'
+    assert bm.backbone_family('xxs24').__name__ == 'CaiT'
+    cait = bm.build_backbone('xxs24', out_indices=(0, 1, 2, 3), window_size=2)
+    assert (type(cait).__name__, len(cait.trunk.blocks), cait.window_size) == ('CaiT', 4, 2)
+    with pytest.raises(ValueError, match='no backbone family knows arch'):
+        bm.backbone_family('resnet50')
+
+
+@pytest.mark.parametrize('config,cfg_options,size,padded', [
+    (DEMO_SEG, None, (64, 80), (64, 80)),  # test-mode preprocessing: no padding to the crop
+    (DEMO_DET, SMALL_DET, (64, 80), (64, 96)),  # mmdet pads to its size divisor (32)
+])
+def test_synthetic_batch_goes_through_a_models_forward_and_loss(config, cfg_options, size,
+                                                                padded):
+    from mmengine.registry import DefaultScope
+    def scope():  # mmengine restores a scope as a copy: compare names, not objects
+        return getattr(DefaultScope.get_current_instance(), 'scope_name', None)
+    before = scope()
+    model, task = bm.build_from_config(config, cfg_options)
+    assert scope() == before  # built without changing the scope
+    inputs, samples = bm.synthetic_batch(model, task, size, batch=2)
+    assert inputs.shape == (2, 3, *padded) and inputs.dtype == torch.float32
+    assert len(samples) == 2 and samples[0].metainfo['img_shape'] == size
+    model.train()
+    total, log_vars = model.parse_losses(model(inputs, samples, mode='loss'))
+    assert torch.isfinite(total) and len(log_vars) > 2  # several heads' losses
+    total.backward()
+    model.eval()
+    with torch.no_grad():
+        out = model(inputs, samples, mode='tensor')
+    assert out is not None
+
+
+def test_backbone_input_is_reproducible():
+    a, b = bm.backbone_input((32, 48), 2, seed=3), bm.backbone_input((32, 48), 2, seed=3)
+    assert a.shape == (2, 3, 32, 48) and torch.equal(a, b)
+    assert not torch.equal(a, bm.backbone_input((32, 48), 2, seed=4))
+
+
+# --------------------------------------------------------------------------------------------
+# one measurement
+# --------------------------------------------------------------------------------------------
+def test_measure_times_the_first_call_when_no_warmup_and_restores_threads():
+    threads = torch.get_num_threads()
+    res = bm.measure(bm.Case('nano_12_p16', (64, 64), mode='train', threads=1, warmup=0,
+                             repeats=2))
+    assert torch.get_num_threads() == threads
+    assert res['threads'] == 1
+    assert len(res['latencies_ms']) == 2 and res['latencies_ms'][0] == res['first_call_ms']
+    assert res['latency_ms'] == pytest.approx(sum(res['latencies_ms']) / 2)
+    assert res['throughput'] == pytest.approx(1e3 / res['latency_ms'])
+    assert res['info']['blocks'] == 12 and res['info']['tokens'] == 16  # 64 / 16 = 4 a side
+    warm = bm.measure(bm.Case('nano_12_p16', (64, 64), warmup=2, repeats=1), memory=False)
+    assert len(warm['latencies_ms']) == 1 and warm['first_call_ms'] is None
+
+
+@pytest.mark.parametrize('config,mode', [(DEMO_SEG, 'train'), (DEMO_DET, 'fwd')])
+def test_config_models(config, mode):
+    res = bm.measure(bm.Case(config, (64, 96), mode=mode, warmup=0, repeats=1,
+                             cfg_options=SMALL_DET if config == DEMO_DET else {}),
+                     memory=False)
+    assert res['label'] == os.path.basename(config)[:-3]
+    assert res['info']['task'] == ('seg' if config == DEMO_SEG else 'det')
+    assert len(res['latencies_ms']) == 1 and res['peak_mem_mib'] is None
+
+
+def test_parse_size_and_bad_cases():
+    assert bm.parse_size('512') == (512, 512)
+    assert bm.parse_size('800x1344') == (800, 1344)
+    for bad in ('abc', '512x', '-3'):
+        with pytest.raises(ValueError, match='HxW'):
+            bm.parse_size(bad)
+    with pytest.raises(ValueError, match='dtype'):
+        bm.Case('nano_12_p16', (64, 64), dtype='fp8')
+    with pytest.raises(ValueError, match='baseline exists for backbone archs'):
+        bm.Case(DEMO_SEG, (64, 64), impl='timm')
+    with pytest.raises(ValueError, match='impl'):
+        bm.Case('nano_12_p16', (64, 64), impl='torch')
+
+
+# --------------------------------------------------------------------------------------------
+# baselines and the interleaved comparison
+# --------------------------------------------------------------------------------------------
+def test_timm_baseline_shares_the_adapter_and_copies_the_trunk():
+    ours = bm.build_backbone('nano_12_p8')
+    base = bm.TimmBaseline(ours, (64, 64))
+    assert base.adapter is ours.adapter
+    timm_sd = base.timm_model.state_dict()
+    for k, v in ours.trunk.state_dict().items():
+        assert torch.equal(timm_sd[k], v), k
+
+
+def test_cait_timm_baseline_runs_at_the_input_grid_with_our_embedding():
+    ours = bm.build_backbone('xxs24', out_indices=(0, 1, 2, 3)).eval()
+    base = bm.TimmBaseline(ours, (64, 80)).eval()  # padded to 64x96: a 4x6 grid, not 14x14
+    assert base.timm_model.pos_embed.shape == (1, 24, 192)
+    with torch.no_grad():
+        assert torch.equal(base.timm_model.pos_embed, ours.pos_embed_for((4, 6)))
+    with pytest.raises(ValueError, match='global attention only'):
+        bm.TimmBaseline(bm.build_backbone('xxs24', out_indices=(0, 1, 2, 3), window_size=2),
+                        (64, 64))
+
+
+@pytest.mark.parametrize('arch,kwargs,err', [
+    # forced on: at this size 'auto' would run timm's own forward; the same function computed
+    # differently, so equal to float rounding and not bit for bit
+    ('nano_12_p16', dict(gram_xca=True), (1e-9, 1e-5)),
+    ('xxs24', dict(out_indices=(0, 1, 2, 3)), (0, 1e-5)),
+])
+def test_compare_same_outputs_and_ratios(arch, kwargs, err):
+    fp16 = cpu_float16_training_problem() is None  # torch 2.1: no float16 CPU autocast
+    modes = (('fwd', 'fp32'), ('fwd', 'bf16'), ('train', 'fp32')) + ((('fwd', 'fp16'),) if fp16 else ())
+    res = bm.compare(arch, (64, 96), warmup=0, repeats=1, memory=False,
+                     modes=modes, backbone_kwargs=kwargs, baselines=('timm', 'floor'))
+    assert err[0] <= res['max_rel_err'] < err[1]
+    assert res['bf16_max_rel_err'] < 2e-2 and (not fp16 or res['fp16_max_rel_err'] < 2e-3)
+    assert 'train_bf16' not in res and 'floor_max_rel_err' not in res  # the floor is not a model
+    for key in (f'{m}_{d}' for m, d in modes):
+        v = res[key]
+        assert v['ratio'] == pytest.approx(v['ours_ms'] / v['timm_ms'])
+        assert v['ratio_floor'] == pytest.approx(v['ours_ms'] / v['floor_ms'])
+
+
+def test_gemm_floor_has_the_block_gemms_of_the_model():
+    ours = bm.build_backbone('nano_12_p16', out_indices=(1, 3, 5, 7))  # 8 blocks, C = 128
+    floor = bm.GemmFloor(ours, (64, 80), batch=2)  # padded 64x96: 4x6 = 24 tokens per image
+    assert floor.tokens == 48 and floor.blocks == 8
+    assert floor.multiply_adds == 8 * 12 * 48 * 128 ** 2
+    acc, last = floor(bm.backbone_input((64, 80), 2))
+    (acc + last.mean()).backward()
+    assert all(w.grad is not None and w.grad.abs().sum() > 0 for w in floor.weights)
+
+
+@pytest.mark.parametrize('kwargs,spans', [
+    # xxs24: C = 192, 4 heads of 48; 64x96 -> a 4x6 grid of 16-pixel patches
+    (dict(out_indices=(0, 1, 2, 3)), [(8, 24, 48)] * 4),  # global attention: all 24 tokens
+    (dict(out_indices=(0, 1, 2, 3), window_size=3, global_blocks=(1, 3)),
+     [(8 * 4, 9, 48), (8, 24, 48)] * 2),  # 3x3 windows: 2x2 of them on the padded grid
+])
+def test_gemm_floor_has_cait_attention_products(kwargs, spans):
+    ours = bm.build_backbone('xxs24', **kwargs)
+    floor = bm.GemmFloor(ours, (64, 96), batch=2)
+    assert floor.spans == spans
+    assert floor.multiply_adds == 4 * 12 * 48 * 192 ** 2 + sum(2 * g * n * n * d
+                                                                for g, n, d in spans)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        floor(bm.backbone_input((64, 96), 2))
+    ops = {e.key: e.count for e in prof.key_averages()}
+    assert ops['aten::bmm'] == 2 * 4 and ops['aten::mm'] == 4 * 4
+
+
+# --------------------------------------------------------------------------------------------
+# reports
+# --------------------------------------------------------------------------------------------
+def _row(mode, latency, peak, **kw):
+    return dict(label='m', model='m', size=(64, 96), batch=1, dtype='fp32', mode=mode,
+                impl='ours', device='cpu', threads=1, warmup=1, repeats=3, latency_ms=latency,
+                latency_min_ms=latency - 1, throughput=1e3 / latency, cpu_ms=latency,
+                peak_mem_mib=peak, mem_method='VmHWM - VmRSS (fresh process)',
+                first_call_ms=2 * latency, **kw)
+
+
+def test_write_report_rows_tables_and_files(tmp_path):
+    rows = [_row('fwd', 10.0, 20.0), _row('train', 30.0, 50.0),
+            dict(label='m', model='m', size=(128, 128), batch=1, dtype='bf16', mode='fwd',
+                 error='killed')]
+    cmp = [dict(label='a', size=(64, 64), batch=1, baselines=['timm', 'floor'],
+                max_rel_err=1e-7, fwd_fp32=dict(ours_ms=8.0, timm_ms=10.0, floor_ms=2.0,
+                                                ratio=0.8, ratio_floor=4.0, ours_mem_mib=5.0,
+                                                timm_mem_mib=6.0))]
+    paths = bm.write_report(str(tmp_path), rows, cmp, {'mIoU': 12.3456}, 'python x', {'k': 'v'})
+    with open(paths['csv']) as f:
+        got = list(csv.DictReader(f))
+    assert [(r['size'], r['mode'], r['latency_ms'], r['peak_mem_mib'], r['error']) for r in got] \
+        == [('64x96', 'fwd', '10.0', '20.0', ''), ('64x96', 'train', '30.0', '50.0', ''),
+            ('128x128', 'fwd', '', '', 'killed')]
+    with open(paths['compare_csv']) as f:
+        (c,) = list(csv.DictReader(f))
+    assert (c['pass'], c['ratio'], c['floor_ms'], c['ratio_floor'], c['max_rel_err_bf16']) == \
+        ('fwd_fp32', '0.8', '2.0', '4.0', '')
+    md = open(paths['md']).read().splitlines()
+    assert '| m | 64x96 | 1 | fp32 | train | 30.0 | 29.0 | 33.33 | 30.0 | 50 | 60.0 |' in md
+    assert '| m | 128x128 | 1 | bf16 | fwd | failed: killed |  |  |  |  |  |' in md
+    # only the modes timed get columns; the error of a mode not timed gets none
+    assert '| a | 64x64 | 1 | 8.0 / 10.0 | 0.800 | 2.0 | 4.000 | 5 / 6 | 1.00e-07 |' in md
+    assert '| mIoU | 12.35 |' in md and 'Reproduce: `python x`' in md
+    assert os.path.getsize(paths['png']) > 1000
+
+
+def test_write_report_without_measurements_writes_no_csv(tmp_path):
+    paths = bm.write_report(str(tmp_path), [], [], None, 'python x', {})
+    assert set(paths) == {'md'} and sorted(os.listdir(tmp_path)) == ['benchmark.md']
+
+
+def test_cait_variant_table():
+    tool = _tool('benchmark_memory')
+    result = dict(model='xxs24', size=(64, 64), batch=1, device='cpu', threads=1,
+                  info=dict(window_size=2, global_blocks=[3], blocks=4, with_cp=True, tokens=16),
+                  mem_before_mib=1024.0, mem_peak_mib=1536.0, peak_mem_mib=512.0,
+                  tensor_peak_mib=256.0, latency_ms=1500.0, cpu_ms=1200.0,
+                  latencies_ms=[1500.0])
+    row = tool.cait_variant_row('window+cp', result)
+    assert (row['peak_gb'], row['base_gb'], row['added_gb'], row['tensor_peak_gb']) == \
+        (1.5, 1.0, 0.5, 0.25)
+    assert (row['seconds'], row['all_seconds'], row['status']) == (1.5, [1.5], 'ok')
+    failed = tool.cait_variant_row('global', dict(result, error='MemoryError: x'))
+    lines = tool.cait_variants_markdown([row, failed], 'xxs24', 1, (64, 64), 'cpu').splitlines()
+    assert lines[0] == 'CaiT-xxs24, 1x3x64x64, forward + backward, cpu, 1 threads'
+    assert lines[3] == '| window+cp | 3 | 4 | 1.50 | 1.00 | 0.50 | 0.25 | 1.50 | 1.20 | ok |'
+    assert lines[4] == '| global | 3 | 4 | - | - | - | - | - | - | failed: MemoryError: x |'
+
+
+# --------------------------------------------------------------------------------------------
+# the tools, end to end on tiny settings
+# --------------------------------------------------------------------------------------------
+def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
+    tool = _tool('benchmark')
+    out = tmp_path / 'bench'
+    argv = ['--quick', '--sizes', '64', '--dtypes', 'fp32', '--breakdown', '--out-dir', str(out)]
+    tool.main(argv)
+    printed = capsys.readouterr().out
+    with open(out / 'benchmark.csv') as f:
+        rows = list(csv.DictReader(f))
+    assert [(r['label'], r['size'], r['dtype'], r['mode'], r['repeats'], r['error'])
+            for r in rows] == [('nano_12_p16', '64x64', 'fp32', m, '1', '') for m in
+                               ('fwd', 'train')]
+    for r in rows:  # --quick: no warm-up, one repeat: the timed call is the first call
+        assert r['latency_ms'] == r['first_call_ms'] == r['latency_min_ms']
+        assert r['mem_method'].startswith('VmHWM' if LINUX else 'ru_maxrss')
+    md = (out / 'benchmark.md').read_text()
+    assert md.count('| nano_12_p16 | 64x64 |') == 2 and 'load_avg' in md
+    assert md.count('### Where the time goes: nano_12_p16, 64x64') == 2  # --breakdown, 2 passes
+    assert md.count('| matrix products |') == 2
+    # the printed command spells out every setting and parses back to the same run
+    (line,) = {ln for ln in printed.splitlines() if ln.startswith('reproduce with: ')}
+    cmd = shlex.split(line[len('reproduce with: '):])
+    assert cmd[:2] == ['python', 'tools/analysis/benchmark.py'] and '--quick' not in cmd
+    again, first = tool.parse_args(cmd[2:]), tool.parse_args(argv)
+    for key in ('arch', 'config', 'sizes', 'batch', 'dtypes', 'passes', 'warmup', 'repeats',
+                'out_dir', 'compare_timm', 'compare_floor', 'compare_only', 'checkpoint',
+                'breakdown'):
+        assert getattr(again, key) == getattr(first, key), key
+    assert f'Reproduce: `{line[len("reproduce with: "):]}`' in md
+
+
+def test_benchmark_tool_compare_only_for_cait(tmp_path):
+    tool = _tool('benchmark')
+    tool.main(['--arch', 'xxs24', '--sizes', '64', '--dtypes', 'fp32', '--passes', 'fwd',
+               '--warmup', '0', '--repeats', '1', '--compare-timm', '--compare-floor',
+               '--compare-only', '--cfg-options', 'out_indices=(0,1,2,3)',
+               '--out-dir', str(tmp_path)])
+    assert not (tmp_path / 'benchmark.csv').exists()  # --compare-only: no per-model table
+    with open(tmp_path / 'compare.csv') as f:
+        (row,) = list(csv.DictReader(f))
+    assert (row['label'], row['pass']) == ('xxs24', 'fwd_fp32')
+    assert float(row['max_rel_err_fp32']) < 1e-5
+    assert float(row['ratio_floor']) == pytest.approx(float(row['ours_ms']) / float(row['floor_ms']))
+    assert float(row['ours_mem_mib']) > 0 and float(row['timm_mem_mib']) > 0  # measured, isolated
+
+
+def test_benchmark_tool_option_errors():
+    tool = _tool('benchmark')
+    for argv in (['--checkpoint', 'x.pth'], ['--compare-only'], ['--compare-floor'],
+                 ['--config', DEMO_SEG, '--compare-timm'], ['--config', DEMO_SEG, '--breakdown']):
+        with pytest.raises(SystemExit):
+            tool.parse_args(argv)
+
+
+def test_memory_train_step_tool_both_settings_in_fresh_processes(capsys):
+    tool = _tool('memory_train_step')
+    tool.main([DEMO_DET, '--height', '64', '--width', '96', '--num-objects', '2',
+               '--cfg-options', 'model.backbone.arch=nano_12_p16'])
+    off, on = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (off['with_cp'], on['with_cp']) == (False, True)
+    assert (on['height'], on['width']) == (64, 96)
+    # the same seed: checkpointing recomputes, it does not change the loss
+    assert math.isfinite(on['loss']) and on['loss'] == pytest.approx(off['loss'], rel=1e-5)
+    for r in (off, on):
+        assert 0 < r['before_step_mib'] < r['peak_rss_mib']
+        assert r['step_peak_mib'] == pytest.approx(r['peak_rss_mib'] - r['before_step_mib'],
+                                                   abs=0.2)
+
+
+def test_benchmark_memory_tool_cait_variants(tmp_path, capsys):
+    tool = _tool('benchmark_memory')
+    out = tmp_path / 'rows.json'
+    tool.main(['--arch', 'xxs24', '--size', '64', '80', '--variants', 'global', 'window+cp',
+               '--window-size', '2', '--out-indices', '0', '1', '2', '3', '--global-blocks', '3',
+               '--threads', '1', '--warmup', '0', '--repeat', '1', '--json', str(out)])
+    rows = json.loads(out.read_text())
+    assert [(r['variant'], r['blocks'], r['window_size'], r['global_blocks'], r['with_cp'],
+             r['tokens'], r['status']) for r in rows] == [
+        ('global', 4, 0, [0, 1, 2, 3], False, 24, 'ok'),
+        ('window+cp', 4, 2, [3], True, 24, 'ok')]
+    for r in rows:
+        assert r['added_gb'] == pytest.approx(r['peak_gb'] - r['base_gb'], abs=0.011)
+        assert r['all_seconds'] == [r['seconds']]
+    table = capsys.readouterr().out
+    assert '| global | all | 4 |' in table and '| window+cp | 3 | 4 |' in table
+
+
+# --------------------------------------------------------------------------------------------
+# a checkpoint's metrics: tools/test.py's evaluation
+# --------------------------------------------------------------------------------------------
+def test_evaluate_checkpoint_gives_the_miou_of_a_known_prediction(tmp_path):
+    """A segmentor that predicts the first class everywhere: its mIoU and aAcc follow from the
+    label maps alone."""
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+    from mmseg.registry import DATASETS
+
+    from deepvit_tools.demo_data import make_ade_demo
+    data = tmp_path / 'ade'
+    make_ade_demo(str(data), num_train=1, num_val=2, size=128, seed=5)
+    model, _ = bm.build_from_config(DEMO_SEG)
+    conv = model.decode_head.conv_seg
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.bias.copy_(torch.tensor([5.0, 0, 0, 0, 0]))
+    ckpt = tmp_path / 'model.pth'
+    torch.save(dict(state_dict=model.state_dict(), meta=dict()), ckpt)
+    options = {'test_dataloader.dataset.data_root': str(data), 'test_dataloader.num_workers': 0,
+               'test_dataloader.persistent_workers': False}
+    metrics = bm.evaluate_checkpoint(DEMO_SEG, str(ckpt), str(tmp_path / 'work'), options)
+
+    cfg = Config.fromfile(DEMO_SEG)
+    cfg.merge_from_dict(options)
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        dataset = DATASETS.build(cfg.test_dataloader.dataset)
+    gt = np.concatenate([dataset[i]['data_samples'].gt_sem_seg.data.numpy().ravel()
+                         for i in range(len(dataset))])
+    gt = gt[gt != 255]
+    counts = np.bincount(gt, minlength=5)
+    # IoU of class 0: its pixels over all valid pixels; the others present: 0; absent: left out
+    ious = [counts[0] / len(gt)] + [0.0] * int((counts[1:] > 0).sum())
+    assert metrics['aAcc'] == pytest.approx(100 * counts[0] / len(gt), abs=0.01)
+    assert metrics['mIoU'] == pytest.approx(100 * np.mean(ious), abs=0.01)
+    with pytest.raises(FileNotFoundError, match='checkpoint not found'):
+        bm.evaluate_checkpoint(DEMO_SEG, str(tmp_path / 'missing.pth'), str(tmp_path / 'w'))
+
+
+# --------------------------------------------------------------------------------------------
+# a training step part by part
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('config,cfg_options,parts', [
+    (DEMO_DET, SMALL_DET, ['data', 'backbone', 'neck', 'rpn', 'roi']),
+    (DEMO_SEG, None, ['data', 'backbone', 'neck', 'decode']),
+])
+def test_split_step_leaves_the_gradients_of_a_whole_step(config, cfg_options, parts):
+    """Timing the parts apart must not change what the step computes: every parameter's gradient
+    equals that of the whole model's loss backward on the same batch and RNG state."""
+    from deepvit_tools.benchmark.step import split_backward
+    opts = dict(cfg_options or {}, **{'model.backbone.drop_path_rate': 0.0})
+    model, task = bm.build_from_config(config, opts)
+    model.train()
+    from deepvit_mm.apis import num_classes_of
+    data = bm.synthetic_data(task, (64, 96), 2, num_classes_of(model, task), 3)
+    torch.manual_seed(1)
+    times = split_backward(model, data, task)
+    split = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    batch = model.data_preprocessor(data, True)
+    total, _ = model.parse_losses(model(**batch, mode='loss'))
+    total.backward()
+    whole = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert set(times) == {('data', '')} | {(p, ph) for p in parts[1:] for ph in ('fwd', 'bwd')}
+    assert split.keys() == whole.keys() and any(n.startswith('backbone.') for n in whole)
+    for n in whole:
+        torch.testing.assert_close(split[n], whole[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
+def test_profile_train_step_tool(capsys, dtype):
+    tool = _tool('profile_train_step')
+    import sys
+    argv = sys.argv
+    sys.argv = ['profile_train_step.py', DEMO_DET, '--shape', '64', '96', '--batch-size', '2',
+                '--num-objects', '2', '--steps', '1', '--warmup', '0', '--dtype', dtype,
+                '--cfg-options', 'model.backbone.arch=nano_12_p16']
+    try:
+        tool.main()
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr().out
+    rows = {ln.split('|')[1].strip(): ln for ln in out.splitlines() if ln.startswith('| ')}
+    assert {'data', 'backbone', 'neck', 'rpn', 'roi', 'optimizer', 'sum of the parts',
+            '`model.train_step`, same run'} <= rows.keys()
+    shares = [float(ln.split('|')[5].strip(' %')) for k, ln in rows.items()
+              if k not in ('part', 'sum of the parts', '`model.train_step`, same run')]
+    assert abs(sum(shares) - 100) <= len(shares)  # rounded shares of the sum
+    floors = {k: float(ln.split('|')[6]) for k, ln in rows.items()
+              if k in ('backbone', 'neck', 'rpn', 'roi', 'optimizer', 'sum of the parts')}
+    assert all(v > 0 for v in floors.values()), floors
+    assert 'GFLOP/s (float32 GEMM' in out and f', {dtype}, ' in out
+
+
+def test_op_breakdown_counts_the_block_products_and_sums_to_the_pass():
+    """timm's XCiT forward (gram_xca=False) does the standard block GEMMs, XCA's per-head
+    products and the adapter's transposed convs (GEMMs on CPU): the profiler's count must be
+    exactly that; the kinds' seconds add up to the measured pass."""
+    res = bm.op_breakdown('nano_12_p16', (64, 96), 'fwd', 1, gram_xca=False,
+                          out_indices=(1, 3, 5, 7))
+    floor = bm.GemmFloor(bm.build_backbone('nano_12_p16', out_indices=(1, 3, 5, 7)), (64, 96))
+    n, c, d = 24, 128, 32  # tokens, channels, head dim (4 heads)
+    adapter = n * c * 4 * c * (1 + 4 + 1)  # 2x2 transposed convs run as GEMMs: 2 to stride 4, 1
+    xca = 8 * 2 * n * c * d  # q k^T and attn v per block, over tokens
+    assert res['kinds']['matrix products']['macs'] == floor.multiply_adds + adapter + xca
+    assert res['floor_macs'] == floor.multiply_adds
+    assert sum(k['seconds'] for k in res['kinds'].values()) == pytest.approx(res['total_s'])
+    assert {'matrix products', 'convolutions', 'GELU', 'normalisation'} <= res['kinds'].keys()
+    assert res['kinds']['GELU']['elements'] >= 8 * 24 * 4 * 128  # the MLPs' hidden maps
+    conv = res['kinds']['convolutions']
+    assert conv['macs'] > 0 and conv['floor_s'] == pytest.approx(conv['macs'] / res['gemm_rate'])
+    assert res['kinds_floor_s'] == pytest.approx(sum(k['floor_s'] for k in res['kinds'].values()))
+    lines = bm.breakdown_markdown(res)
+    assert lines[0].startswith('| work |')
+    assert [ln.split('|')[7].split()[:2] for ln in lines if '**all**' in ln] == \
+        [['block', 'GEMMs'], ['sum', 'of']]
+
+
+def test_step_floors_count_every_product_of_each_part():
+    """The floors' multiply-adds per part are every matrix product and convolution of that part,
+    forward and backward: the backbone's equal torch's FlopCounterMode over the backbone alone."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from deepvit_mm.apis import num_classes_of
+    from deepvit_tools.benchmark.step import _WorkClock, split_backward
+    model, task = bm.build_from_config(DEMO_DET, {'model.backbone.arch': 'nano_12_p16',
+                                                  'model.backbone.drop_path_rate': 0.0})
+    model.train()
+    data = bm.synthetic_data(task, (64, 96), 2, num_classes_of(model, task), 2)
+    clock = _WorkClock()
+    split_backward(model, data, task, clock)
+    inputs = model.data_preprocessor(data, True)['inputs']
+    with FlopCounterMode(display=False) as fwd:
+        feats = model.backbone(inputs)
+    with FlopCounterMode(display=False) as bwd:
+        torch.autograd.backward(feats, [torch.ones_like(f) for f in feats])
+    assert clock.work[('backbone', 'fwd')]['macs'] == fwd.get_total_flops() // 2 > 0
+    assert clock.work[('backbone', 'bwd')]['macs'] == bwd.get_total_flops() // 2 > 0
+    assert all(w['bytes'] > 0 for w in clock.work.values())
+    assert {p for p, _ in clock.work} == {'data', 'backbone', 'neck', 'rpn', 'roi'}
+
+
+def test_model_state_bytes_counts_weights_gradients_and_adamw_moments():
+    from deepvit_tools.benchmark.sharding import model_state_bytes
+    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.Linear(20, 3))
+    model[1].weight.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    model(torch.randn(4, 10)).sum().backward()
+    opt.step()
+    n_all, n_trained = 10 * 20 + 20 + 20 * 3 + 3, 10 * 20 + 20 + 3
+    # AdamW's 0-d step counters are not state a shard holds
+    assert model_state_bytes(model, opt) == dict(weights=4 * n_all, grads=4 * n_trained,
+                                                 optimizer=2 * 4 * n_trained)

@@ -1,12 +1,25 @@
 """deepvit_mm: XCiT and CaiT as dense-prediction backbones for mmdet 3.x and mmsegmentation 1.x.
 
-Importing the package checks the versions it depends on, registers the backbones in mmdet's and
-mmseg's ``MODELS``, in those of the two that are installed (one is needed; with mmdet, a RoI
-extractor that is faster on CPU in its ``MODELS``; its hooks, optimizer wrapper and constructors in
-mmengine's registries and the installed ones'), makes mmengine read checkpoints
-through the safe loader and load models that hold a deepvit_mm backbone through its matcher
-(``deepvit_mm.checkpoints``). Nothing else in the process changes.
+What ``import deepvit_mm`` changes outside its own objects (docs/install.md lists the same):
+
+* It checks the installed versions and stops with what to install outside the tested range.
+* Registries: its backbones in mmdet's and mmseg's ``MODELS`` (those of the two installed), with
+  mmdet a RoI extractor; its hooks, optimizer wrapper and constructors in mmengine's registries
+  and the installed libraries'. New names only: nothing registered is replaced.
+* mmengine's config: ``_base_ = 'deepvit_mm::...'`` resolves to this package (mmengine's
+  ``MODULE2PACKAGE`` and ``get_installed_path``, for the name ``deepvit_mm`` only).
+* mmengine's checkpoint loading (``deepvit_mm.checkpoints``): its reader for local paths and
+  ``http(s)://`` URLs becomes the safe, verifying loader, for every model (it refuses code in
+  pickles and corrupted files, and reads hub names); its ``load_state_dict`` hands the models that
+  hold a deepvit_mm backbone to the matcher (key mapping, one report), every other model to
+  mmengine's own. ``DEEPVIT_MM_KEEP_MMENGINE_LOADER=1`` in the environment keeps mmengine's
+  loaders as they are; ``deepvit_mm.install_mmengine_loader()`` installs them later.
+
+Later, only when used: ``CPUAmpOptimWrapper`` (mixed precision on CPU) makes mmcv's compiled ops
+run in float32 while CPU autocast is on (``deepvit_mm.compat.mmcv``).
 """
+import os
+
 from ._deps import check_versions, family_install, installed_families
 from .version import __version__
 
@@ -32,14 +45,15 @@ from .engine import (  # noqa: E402
 )
 from .models import CaiT, ColumnarBackbone, ColumnarPyramid, XCiT  # noqa: E402
 
-install_mmengine_loader()
+if os.environ.get('DEEPVIT_MM_KEEP_MMENGINE_LOADER', '') in ('', '0'):
+    install_mmengine_loader()
 register_config_package('deepvit_mm', __path__[0])  # `_base_ = 'deepvit_mm::configs/...'`
 
 __all__ = ['__version__', 'XCiT', 'CaiT', 'ColumnarBackbone', 'ColumnarPyramid', 'CheckpointError',
            'CPUAmpOptimWrapper', 'CPUDistributedDataParallel', 'RNGStateHook',
            'CheckConsumersHook', 'CrashSafeCheckpointHook', 'FiniteLossHook',
            'ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
-           'read_checkpoint', 'load_weights', 'trusted_checkpoints']
+           'read_checkpoint', 'load_weights', 'trusted_checkpoints', 'install_mmengine_loader']
 
 if 'mmdet' in installed_families():
     from .models.roi_heads import CPUSingleRoIExtractor  # noqa: F401  (in __all__)

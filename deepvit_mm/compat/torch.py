@@ -17,6 +17,10 @@ in between was measured to have the API and fail.
   change the whole process), so the file is read through ``RestrictedUnpickler``, which resolves
   a global only if it is on the same allowlist (Python's documented way to restrict unpickling).
   Neither runs code from the file.
+* ``classify_load_error``: what a failed ``torch.load`` / ``load_weights_only`` met. torch raises
+  ``pickle.UnpicklingError`` both for a global it refuses and for a truncated pickle, and
+  ``RuntimeError`` for a damaged zip archive, so the kind is read from the messages of torch
+  2.1.0 and 2.13.0 (their texts are in the function).
 * ``profiler_event_start_ns``: kineto events have ``start_ns`` from 2.2 on, ``start_us`` before.
 * ``flop_counter``: ``FlopCounterMode`` attributes counts to the modules it sees run where it has
   ``ModuleTracker`` (newer torch); torch 2.1 only to modules it is given, through hooks that break
@@ -47,8 +51,9 @@ Private torch APIs, each with the reason it is used and the releases it was test
 """
 import _compat_pickle
 import pickle
+import re
 import types
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -59,7 +64,8 @@ from ..version import FEATURE_FLOORS, release
 
 __all__ = [
     'TORCH_VERSION', 'is_compiling', 'is_exporting', 'autocast_enabled', 'autocast_dtype',
-    'load_weights_only', 'RestrictedUnpickler', 'profiler_event_start_ns', 'flop_counter',
+    'load_weights_only', 'classify_load_error', 'RestrictedUnpickler', 'profiler_event_start_ns',
+    'flop_counter',
     'cpu_grad_scaler', 'cpu_float16_training_problem', 'onnx_dynamo_export_problem',
     'cpu_fsdp_problem', 'fsdp_original_ndims',
     'NORM_LAYERS', 'BatchNormBase', 'ConvBase', 'add_bias', 'in_backward', 'cpu_has_bfloat16'
@@ -195,6 +201,28 @@ def load_weights_only(path: str, map_location: Any, allowed: Iterable[AllowedGlo
     return torch.load(path, map_location=map_location, weights_only=False,
                       pickle_module=_restricted_pickle_module(allowed))
 
+
+
+def classify_load_error(e: BaseException) -> Tuple[str, List[str]]:
+    """``('unsafe', globals)``: the file holds globals that are refused (their names);
+    ``('corrupt', [])``: it is truncated or not a readable archive; ``('other', [])``.
+
+    The messages, torch 2.1.0 and 2.13.0: ``Weights only load failed ... Unsupported global:
+    GLOBAL a.b`` (2.13; ``RestrictedUnpickler`` says the same on 2.1), ``Unsupported global:
+    a.b`` in newer torch's explanation; ``PytorchStreamReader failed reading zip archive: failed
+    finding central directory``, ``... failed reading file ...``, ``pickle data was truncated``,
+    ``Ran out of input`` (``EOFError``), ``unexpected EOF``.
+    """
+    import zipfile
+    msg = str(e)
+    if isinstance(e, pickle.UnpicklingError) and (
+            'Unsupported global' in msg or 'Weights only load failed' in msg):
+        return 'unsafe', re.findall(r'GLOBAL ([\w.]+)', msg) or re.findall(r'global: ([\w.]+)', msg)
+    low = msg.lower()
+    if isinstance(e, (EOFError, zipfile.BadZipFile)) or 'zip' in low or 'truncated' in low \
+            or 'unexpected eof' in low or 'failed finding central directory' in msg:
+        return 'corrupt', []
+    return 'other', []
 
 def profiler_event_start_ns(event: Any) -> int:
     """Start time (ns) of a kineto event of ``torch.profiler``."""

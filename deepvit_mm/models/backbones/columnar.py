@@ -207,17 +207,16 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         self._kept_blocks = max(self.out_indices) + 1
         self.trunk.prune_intermediate_layers(self.out_indices, prune_norm=True, prune_head=True)
         drop_pruned_classifier_parameters(self.trunk, self.classifier_parts)
-        try:
+        ColumnarPyramid.check_strides(self.patch_size, out_strides)
+        try:  # what is left to fail is building the norm layers from norm_cfg
             self._convert_batchnorms(self.trunk, self.norm_cfg)
             self.adapter = ColumnarPyramid(self.embed_dim, in_stride=self.patch_size,
                                            out_strides=out_strides, norm_cfg=self.norm_cfg)
         except (AssertionError, KeyError, TypeError, ValueError) as e:
-            if not isinstance(e, ValueError) or 'out_strides' not in str(e):
-                raise ValueError(f'{type(self).__name__}: cannot build norm layers from norm_cfg='
-                                 f'{self.norm_cfg} ({type(e).__name__}: {e}). Use e.g. '
-                                 "dict(type='BN'), dict(type='SyncBN') or dict(type='GN', "
-                                 'num_groups=G) with G dividing every channel count.') from e
-            raise
+            raise ValueError(f'{type(self).__name__}: cannot build norm layers from norm_cfg='
+                             f'{self.norm_cfg} ({type(e).__name__}: {e}). Use e.g. '
+                             "dict(type='BN'), dict(type='SyncBN') or dict(type='GN', "
+                             'num_groups=G) with G dividing every channel count.') from e
         self.out_channels = [self.embed_dim] * len(self.out_indices)
         self.out_strides = tuple(out_strides)
         self.frozen_stages = frozen_stages

@@ -103,6 +103,14 @@ class ColumnarPyramid(BaseModule):
         init_cfg (dict, optional): mmengine init config. Default: None.
     """
 
+    @staticmethod
+    def check_strides(in_stride: int, out_strides: Sequence[int]) -> None:
+        """Raises ValueError unless every stride is a power of two."""
+        for s in (in_stride, *out_strides):
+            if s < 1 or s & (s - 1):
+                raise ValueError(f'ColumnarPyramid: strides must be powers of two, got {s} '
+                                 f'(in_stride={in_stride}, out_strides={tuple(out_strides)}).')
+
     def __init__(self,
                  embed_dim: int,
                  in_stride: int = 16,
@@ -113,10 +121,7 @@ class ColumnarPyramid(BaseModule):
         super().__init__(init_cfg=init_cfg)
         norm_cfg = norm_cfg or dict(type='BN', requires_grad=True)
         act_cfg = act_cfg or dict(type='GELU')
-        for s in (in_stride, *out_strides):
-            if s < 1 or s & (s - 1):
-                raise ValueError(f'ColumnarPyramid: strides must be powers of two, got {s} '
-                                 f'(in_stride={in_stride}, out_strides={tuple(out_strides)}).')
+        self.check_strides(in_stride, out_strides)
         self.embed_dim = embed_dim
         self.in_stride = in_stride
         self.out_strides = tuple(out_strides)

@@ -1,5 +1,6 @@
-"""What the checkpoints, the models and the engine all need, below each of them: the model that
-mmengine's wrappers hold."""
+"""Helpers that the checkpoints, the models and the engine all need, below each of them.
+
+``unwrap_model``: the model that mmengine's wrappers hold."""
 import torch.nn as nn
 
 __all__ = ['unwrap_model']

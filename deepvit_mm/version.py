@@ -1,3 +1,4 @@
+"""The package's version, and the library releases it is tested on and accepts (read by setup.py)."""
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -53,7 +54,8 @@ def supported(pkg: str, version: str) -> bool:
     return SpecifierSet(f'>={lo},<{hi}').contains(version, prereleases=True)
 
 
-# Why the range ends where it does, where more than "not tested" is known (measured 2026-11-25).
+# Why the range ends where it does, where more than "not tested" is known
+# (docs/install.md#supported-versions).
 LIMITS = {
     'torch': 'torch 2.14 cannot build mmcv 2.1.0: its headers need C++20 ("#error C++20 or later '
              'compatible compiler is required to use ATen") and mmcv\'s setup.py passes '
@@ -66,8 +68,8 @@ FLOORS = {
     'timm': 'timm before 1.0.16 ignores gradient checkpointing in XCiT\'s and CaiT\'s '
             'forward_intermediates, so with_cp=True would silently keep every activation',
 }
-# Features that need a newer release than the rest of the package: the lowest release measured
-# working, and what is known below it (measured 2026-11-25).
+# Features that need a newer release than the rest of the package: the lowest release tested
+# working, and what is known below it (docs/install.md#supported-versions).
 FEATURE_FLOORS = {
     'ONNX export': ('torch', '2.13.0',
                     'torch 2.1 has no torch.onnx.export(dynamo=True); torch 2.5.1\'s fails '

@@ -1,7 +1,7 @@
-"""Pictures of a model's predictions, as mmdet's and mmseg's ``demo/image_demo.py`` draw them: a
-model of this repo's model zoo by name (``model_index``, ``resolve_model``), and mmdet's or
-mmseg's inferencer for a config (``build_inferencer``, ``run_inferencer``). ``demo/image_demo.py``
-calls them."""
+"""What ``demo/image_demo.py`` calls to draw a model's predictions, as mmdet's and mmseg's demos do.
+
+A model of this repo's model zoo by name (``model_index``, ``resolve_model``), and mmdet's or
+mmseg's inferencer for a config (``build_inferencer``, ``run_inferencer``)."""
 import os.path as osp
 from typing import Optional, Tuple
 
@@ -84,15 +84,15 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None,
     (mmengine's ``dataset_meta``, or the ``CLASSES`` of an mmdet 2.x / mmseg 0.x checkpoint, e.g.
     the official XCiT ones); where it has none, or names that do not fit the model's number of
     classes, the config dataset's (the inferencers would fall back to COCO's or Cityscapes').
+    ``palette`` picks the colours as mmdet's ``--palette`` does: a dataset's (COCO, VOC,
+    Cityscapes; for a segmentor mmseg's COCO-Stuff, VOC, Cityscapes colours, fixed random ones past
+    their number), fixed random ones, or (``'none'``) the checkpoint's or the dataset's.
 
     Args:
         config (str): An mmdet or mmseg config file.
         weights (str): A detector/segmentor checkpoint: a path or an http(s) URL.
         device (str, optional): Default: ``'cuda:0'`` when available, else ``'cpu'``.
-        palette (str): The colours drawn, one of ``PALETTES``, as mmdet's ``--palette``: a
-            dataset's (COCO, VOC, Cityscapes; for a segmentor mmseg's COCO-Stuff, VOC,
-            Cityscapes colours, fixed random ones past their number), fixed random ones, or
-            (``'none'``) the checkpoint's or the dataset's.
+        palette (str): The colours drawn, one of ``PALETTES``. Default: ``'none'``.
 
     Returns:
         tuple: The inferencer and the task, ``'det'`` or ``'seg'``.

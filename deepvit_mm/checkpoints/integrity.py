@@ -1,8 +1,8 @@
 """Whether a checkpoint's bytes are the ones that were written, before anything reads them.
 
 * torch zip files (``torch.save``'s default format) store a CRC-32 per record, which PyTorch's
-  reader does not check: ``zip_problem`` reads every record and checks them all (about 0.1 s per
-  100 MB, see docs/weights.md), and the archive's structure with them.
+  reader does not check: ``zip_problem`` reads every record and checks them all (its cost:
+  docs/weights.md#what-is-verified), and the archive's structure with them.
 * ``.safetensors`` files: safetensors' reader checks that their header describes exactly the bytes
   that follow (``safetensors_problem``); the tensor bytes have no checksum.
 * legacy (non-zip) ``.pth`` files have neither: only a SHA-256 recorded at download

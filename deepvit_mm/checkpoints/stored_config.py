@@ -1,4 +1,4 @@
-"""Config text that mmengine stores in checkpoints and would later evaluate.
+"""Keeps mmengine from evaluating code that a checkpoint stores as its config text.
 
 mmengine's ``Runner.resume`` evaluates ``meta['config']`` whatever config the run is given, and its
 inferencers given no config evaluate ``meta['cfg']`` or ``message_hub.runtime_info.cfg``. Such text

@@ -1,4 +1,6 @@
-"""Everything deepvit_mm does differently per release of a library it builds on, every use of
+"""Compatibility: where deepvit_mm meets the releases and internals of the libraries it builds on.
+
+Everything deepvit_mm does differently per release of a library it builds on, every use of
 another library's private API, and every change it makes to mmengine or mmcv, one module per
 library; each entry names the releases that need it. ``deepvit_mm.version`` holds the supported
 ranges and the tested stacks, ``deepvit_mm._deps`` checks them on import.

@@ -4,7 +4,7 @@ Tested at both ends (``deepvit_mm.version.TESTED``): torch 2.1.0, the release Op
 mmcv 2.1.0 wheels for torch 2.1 are built against, and torch 2.13.0. Each function picks the API
 by what the installed torch has (feature detection, not a version table), so a torch in between takes
 whichever of the two tested paths its API supports; ONNX export alone goes by version, as a torch
-in between was measured to have the API and fail.
+in between has the API and fails (``deepvit_mm.version.FEATURE_FLOORS``).
 
 * ``is_compiling`` / ``is_exporting``: ``torch.compiler.is_compiling`` (2.3+; 2.1 has
   ``torch._dynamo.is_compiling``), ``torch.compiler.is_exporting`` (2.7+; absent: False).
@@ -364,8 +364,8 @@ class _BiasAdd(torch.autograd.Function):
 def add_bias(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``y + bias`` for ``y`` of shape ``(B, C, N)``, the bias's gradient summed in float32 as
     PyTorch's convolution kernels sum it. A plain broadcast add leaves that sum to ``sum_to_size``
-    in the gradient's dtype, which under CPU bf16 autocast on torch 2.1 accumulates in bf16 (16 bf16
-    ulps off the exact sum over 280 terms, measured; 0.5 on torch 2.13)."""
+    in the gradient's dtype, which under CPU bf16 autocast on torch 2.1 accumulates in bf16
+    (docs/training.md#mixed-precision)."""
     return _BiasAdd.apply(y, bias)
 
 

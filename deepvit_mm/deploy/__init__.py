@@ -9,7 +9,7 @@
 * ``parity``: exported outputs against PyTorch's (relative error, detection matching).
 
 ``tools/deploy/`` calls these (``tools/analysis/benchmark_onnx.py`` times ONNX Runtime against
-PyTorch); docs/deployment.md says how, and what was measured.
+PyTorch); docs/deployment.md says how, and how fast.
 """
 from .detection import mask_rcnn_end_to_end
 from .export import (

@@ -52,12 +52,14 @@ def load_model(config: str, checkpoint: Optional[str] = None, cfg_options: Optio
     """Build ``config``'s model as the Runner does (SyncBN reverted to BN) and load ``checkpoint``
     through deepvit_mm's safe loader, in eval mode.
 
+    The whole model must load from ``checkpoint`` (as ``tools/test.py`` requires); with
+    ``backbone_only``, anything the backbone's ``init_cfg`` takes (classification, timm, detector
+    or segmentor checkpoints).
+
     Args:
         config (str): An mmdet or mmseg config with a deepvit_mm backbone.
         checkpoint (str, optional): A trained model's checkpoint (``.pth``, ``.safetensors``, an
-            ``http(s)://`` URL). The whole model must load from it (as ``tools/test.py``
-            requires); with ``backbone_only`` anything the backbone's ``init_cfg`` takes
-            (classification, timm, detector or segmentor checkpoints). None: random weights.
+            ``http(s)://`` URL). None: random weights.
         cfg_options (dict, optional): Config overrides.
         backbone_only (bool): Only the backbone will be exported. Default: False.
 

@@ -3,9 +3,8 @@
 glibc's malloc serves every allocation above 32 MiB (its highest ``M_MMAP_THRESHOLD``) with a
 fresh ``mmap`` and unmaps it when freed, so a training step whose feature maps exceed that size
 faults in new pages for each of them, every step. tcmalloc keeps freed memory in the process and
-hands it out again: for XCiT-S12/8 training at 800x1344, batch 2, that removed almost all
-of the faults and made the step ~2.6x faster on the 2-core VMs here (docs/speed.md, "Memory
-allocator", has the figures, the CPU and the command).
+hands it out again: for XCiT-S12/8 training at 800x1344, batch 2, that removes almost all of the
+faults and makes the step much faster (docs/speed.md#memory-allocator).
 
 A library cannot swap the allocator of a running process: the tools (``tools/train.py``,
 ``tools/test.py``, the benchmark tools) call :func:`preload_tcmalloc` first thing, which starts
@@ -134,8 +133,8 @@ def setup_cpu_malloc(script: str) -> str:
 def release_free_memory() -> bool:
     """Hand the memory this process's malloc holds free back to the system: before another process
     needs it (a benchmark's memory measurement in a fresh process, after this one timed models at
-    detection sizes: tcmalloc would otherwise keep the ~18 GiB they freed, and the two together did
-    not fit a 24 GiB VM). tcmalloc: ``MallocExtension_ReleaseFreeMemory``; glibc: ``malloc_trim``.
+    detection sizes: tcmalloc would otherwise keep all they freed; docs/speed.md#memory-allocator).
+    tcmalloc: ``MallocExtension_ReleaseFreeMemory``; glibc: ``malloc_trim``.
 
     Returns:
         bool: Whether the allocator was asked to (False for others, or without the call).
@@ -175,13 +174,12 @@ def keep_freed_cpu_memory(trim_threshold_gb: float = 1.0) -> bool:
     """Let glibc's malloc keep freed tensor memory in the process instead of returning it.
 
     By default glibc serves each large allocation (a feature map: tens of MB) with a fresh
-    ``mmap`` and unmaps it when freed, so every layer's output is written to new pages and pays
-    a page fault per 4 KiB: on the 2-core VMs here a 3x3 depthwise conv on a 384x100x168 map took
-    ~11 ms with fresh pages and ~7.5 ms on reused ones, and a demo training step ~7 % longer.
-    This raises the mmap threshold to glibc's maximum (32 MiB) and keeps up to
-    ``trim_threshold_gb`` of freed heap. Allocations above 32 MiB still get fresh pages: only a
-    caching allocator (:func:`preload_tcmalloc`) reuses those. The tools call it for CPU runs on
-    glibc; it is a no-op elsewhere (tcmalloc or jemalloc loaded, not glibc).
+    ``mmap`` and unmaps it when freed, so every layer's output is written to new pages and pays a
+    page fault per 4 KiB (what that costs: docs/speed.md#memory-allocator). This raises the mmap
+    threshold to glibc's maximum (32 MiB) and keeps up to ``trim_threshold_gb`` of freed heap.
+    Allocations above 32 MiB still get fresh pages: only a caching allocator
+    (:func:`preload_tcmalloc`) reuses those. The tools call it for CPU runs on glibc; it is a no-op
+    elsewhere (tcmalloc or jemalloc loaded, not glibc).
 
     Returns:
         bool: Whether the settings were applied.

@@ -1,10 +1,10 @@
-"""Train in whichever precision and thread count runs the step fastest on this CPU, measured.
+"""``FastestStepHook``: train in the precision and thread count whose step is fastest on this CPU.
 
 CPUs of one machine kind differ in what makes a training step fast: with AVX512-BF16 a bfloat16
-autocast step can be faster than float32 (1.2x for the detection demo on an AMD EPYC) or slower
-(an Intel Xeon with the same flags, for XCiT-S12/8), without it bfloat16 is emulated; a second
-thread may be a second core or a hyperthread of the first, and competes with the data workers. A
-table of CPU names cannot say which: ``FastestStepHook`` measures it on the run's own iterations.
+autocast step can be faster than float32 or slower, depending on the CPU and the model
+(docs/training.md#mixed-precision), without it bfloat16 is emulated; a second thread may be a
+second core or a hyperthread of the first, and competes with the data workers. A table of CPU
+names cannot say which: ``FastestStepHook`` measures it on the run's own iterations.
 After ``warmup`` iterations in the configured setting (a detector's heads get busier as its RPN
 starts to find objects), the next iterations cycle through the candidate settings, ``rounds`` times,
 each timed whole (forward, backward, optimizer step); from then on the run trains in the setting of

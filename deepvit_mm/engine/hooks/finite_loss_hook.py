@@ -1,4 +1,6 @@
-"""``FiniteLossHook``: training stops at the first iteration whose loss is not finite. In a config::
+"""``FiniteLossHook``: training stops at the first iteration whose loss is not finite.
+
+In a config::
 
     custom_hooks = [dict(type='FiniteLossHook')]
 """

@@ -1,3 +1,4 @@
+"""The backbones: XCiT and CaiT on ``ColumnarBackbone``, with the ``ColumnarPyramid`` adapter."""
 from .cait import CaiT, GridTalkingHeadAttn
 from .columnar import ColumnarBackbone
 from .columnar_pyramid import ColumnarPyramid

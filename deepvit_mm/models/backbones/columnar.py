@@ -98,6 +98,12 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
     ``fast_path_name`` (with its property), ``_build_trunk``, ``_forward_taps`` and
     ``_apply_fast_path``.
 
+    With ``pad_input=False`` the input goes in unpadded, as in the official XCiT detection and
+    segmentation code (its ADE20k evaluation ran on unpadded images): the conv stem rounds each
+    stride-2 step up and the max-pool levels round down, so level sizes are only close to ``H/s``
+    (mmseg's heads resize). Both settings give the same result on sizes divisible by the largest
+    stride.
+
     Args:
         arch (str): Short architecture name or timm's full model name.
         out_indices (Sequence[int], optional): 0-based blocks to tap, one per output stride;
@@ -116,11 +122,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             each block in the backward pass; BatchNorm statistics are updated once per step, not
             again by the recomputation). Default: False.
         pad_input (bool): Zero-pad the input at the bottom/right to a multiple of the largest
-            output stride, so that every level is exactly ``H/s``. False feeds it as it is, as
-            the official XCiT detection/segmentation code did (its ADE20k evaluation ran on
-            unpadded images): the conv stem then rounds each stride-2 step up and the max-pool
-            levels round down, so level sizes are only close to ``H/s`` (mmseg's heads resize).
-            Both give the same result on sizes divisible by the largest stride. Default: True.
+            output stride, so that every level is exactly ``H/s``. Default: True.
         layer_scale_init (float, optional): LayerScale init of every block; default: the
             paper's for ``arch``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads a

@@ -1,5 +1,6 @@
-"""``ColumnarPyramid``: the feature pyramid of a columnar (single-stride) vision transformer. A
-``ColumnarBackbone`` holds it as ``adapter`` (its checkpoints' keys ``adapter.*``).
+"""``ColumnarPyramid``: rescales a columnar transformer's single-stride taps into a feature pyramid.
+
+A ``ColumnarBackbone`` holds it as ``adapter`` (its checkpoints' keys ``adapter.*``).
 
 XCiT appendix B.2 (Ali et al., 2021): features tapped from four blocks of a columnar model, all at
 the patch stride, are rescaled to strides 4/8/16/32 so that FPN-style necks can consume them.
@@ -11,9 +12,8 @@ It knows nothing about the trunk: it takes a list of NCHW maps at one stride.
 
 On CPUs the transposed convolutions run as one GEMM and a pixel shuffle (``ConvTranspose2x2``):
 kernel 2 / stride 2 means every input pixel writes its own 2x2 block, so the layer is a 1x1
-convolution to ``4 * C_out`` channels followed by a depth-to-space. oneDNN's transposed-convolution
-kernel is ~1.5x slower on the same work (forward + backward at 384x100x168 on the 2-core VM: 886 vs
-527 ms).
+convolution to ``4 * C_out`` channels followed by a depth-to-space, faster than oneDNN's
+transposed-convolution kernel (docs/speed.md#pyramid-adapter-on-cpus).
 """
 import math
 from typing import List, Optional, Sequence, Tuple

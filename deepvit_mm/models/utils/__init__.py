@@ -1,5 +1,7 @@
-"""What the models share beyond one family: whether a model's neck or heads were built for the
-levels its columnar backbone feeds (``consumers``)."""
+"""Model utilities shared beyond one family: the check of the neck and heads a backbone feeds.
+
+``consumers``: whether a model's neck or heads were built for the levels its columnar backbone
+feeds."""
 from .consumers import ChannelMismatchError, check_consumers, check_model, consumer_problems
 
 __all__ = ['ChannelMismatchError', 'check_consumers', 'check_model', 'consumer_problems']

@@ -37,13 +37,13 @@ class ChannelMismatchError(ValueError):
 
 def check_model(model: nn.Module) -> None:
     """``check_consumers`` on a model whose backbone is a ``ColumnarBackbone``; other models are
-    left alone.
+    left alone. The model may be inside mmengine's model wrappers (``MMDistributedDataParallel``...)
+    or a test-time augmentation model (``BaseTTAModel``: mmdet's ``DetTTAModel``, mmseg's
+    ``SegTTAModel``).
 
     Args:
         model (nn.Module): A detector or segmentor as mmengine holds it (``runner.model``, an
-            inferencer's ``model``): inside mmengine's model wrappers
-            (``MMDistributedDataParallel``...) or a test-time augmentation model
-            (``BaseTTAModel``: mmdet's ``DetTTAModel``, mmseg's ``SegTTAModel``), or not.
+            inferencer's ``model``).
 
     Raises:
         ChannelMismatchError: as ``check_consumers``.

@@ -89,6 +89,14 @@ def _cait_zoo() -> Dict[str, ArchSpec]:
 class CaiT(ColumnarBackbone):
     """CaiT for dense prediction: trunk (timm) -> 4 taps -> strides 4/8/16/32.
 
+    The position embedding is built for ``img_size`` (grid ``img_size / 16``) and resampled to each
+    input's grid, so inputs of any size work; a checkpoint trained at another resolution is
+    resampled to it at load. ``query_chunks`` computes the talking-heads attention by chunks of
+    query rows (``window_attention.talking_heads_chunked``: the same result and gradients, no
+    ``heads x N x N`` maps); ``'auto'`` does so on CPUs, 128 rows a chunk, for attention over more
+    than 128 tokens, and runs timm's attention elsewhere and under active attention dropout in
+    training (docs/cait.md#query-chunked-attention).
+
     Args:
         arch (str): ``xxs24``, ``xxs36``, ``xs24``, ``xs36``, ``s24``, ``s36``, ``s48``, ``m24``,
             ``m36``, ``m48``, or timm's name such as ``cait_s24_384`` (its resolution then sets
@@ -99,23 +107,16 @@ class CaiT(ColumnarBackbone):
         drop_path_rate (float, optional): Stochastic depth, uniform over blocks as in the paper.
             Default: Table 4's value for ``arch``.
         layer_scale_init (float, optional): LayerScale init eps. Default: Table 4's value.
-        img_size (int, optional): Resolution the position embedding is built for (its grid is
-            ``img_size / 16``, square); set it to the checkpoint's resolution (384 for the ``_384``
-            releases) to keep the checkpoint's embedding as trained, otherwise it is resampled
-            at load. Inputs of any size work either way: the embedding is resampled to each
-            input's grid. Default: the resolution in a timm ``arch`` name, else 224.
+        img_size (int, optional): Resolution the position embedding is built for; the
+            checkpoint's (384 for the ``_384`` releases) keeps its embedding as trained.
+            Default: the resolution in a timm ``arch`` name, else 224.
         window_size (int): 0: global attention in every block (the classification model).
             ``k > 0``: blocks other than ``global_blocks`` attend within ``k x k`` windows of
             patches (ViTDet); 14 is the 224-pretraining grid. Default: 0.
         global_blocks (Sequence[int], optional): 0-based blocks that keep global attention when
             ``window_size > 0``. Default: ``out_indices``.
-        query_chunks (bool | str): Compute the talking-heads attention by chunks of query rows
-            (``window_attention.talking_heads_chunked``: the same result and gradients, no
-            ``heads x N x N`` maps). ``'auto'``: on CPUs, 128 rows per chunk, for attention over
-            more than 128 tokens (measured per global attention at 4,200 tokens: inference 4-5x,
-            forward + backward ~3x faster than timm's); elsewhere timm's attention (not
-            measured). ``True``: on every device; ``False``: timm's attention. With attention
-            dropout active, training uses timm's attention. Default: ``'auto'``.
+        query_chunks (bool | str): Attention by chunks of query rows: ``'auto'`` (on CPUs),
+            ``True`` (every device) or ``False`` (timm's attention). Default: ``'auto'``.
         norm_cfg (dict): Norm of ``ColumnarPyramid``. Default: ``dict(type='BN', requires_grad=True)``.
         frozen_stages (int): See ``ColumnarBackbone`` (0 freezes the patch and position
             embeddings). Default: -1.

@@ -18,10 +18,8 @@ per block.
 times over (the logits, their head-mixed and softmaxed versions, and the channels-last copies its
 ``proj_l`` / ``proj_w`` Linears over the head axis need). Here the queries go ``query_chunk`` rows
 at a time: each chunk's maps stay small, the head mixing is one batched GEMM over the flat map (no
-permuted copies), and the result and its gradients are the same to float rounding. Measured on the
-2-core CPU VM, S24 sizes (C = 384, 8 heads, 4,200 tokens = 800x1344 at /16), per attention call:
-inference 0.56-0.65 s with 64-128-row chunks vs timm's 2.4-2.9 s (memory O(heads x chunk x N)
-instead of O(heads x N^2)); forward + backward 1.8-2.3 s vs 6.3-6.5 s at the same peak memory.
+permuted copies), and the result and its gradients are the same to float rounding. Inference
+memory is O(heads x chunk x N) instead of O(heads x N^2); speed: docs/cait.md#query-chunked-attention.
 """
 from typing import Optional
 
@@ -35,15 +33,16 @@ __all__ = ['GridTalkingHeadAttn', 'talking_heads_chunked', 'default_query_chunk'
            'CPU_QUERY_CHUNK']
 
 
-# Query rows per step of ``talking_heads_chunked`` on CPUs (64-128 measured fastest, 256+ slower)
+# Query rows per step of ``talking_heads_chunked`` on CPUs; tuned by measurement:
+# docs/cait.md#query-chunked-attention
 CPU_QUERY_CHUNK = 128
 
 
 def default_query_chunk(device: torch.device) -> Optional[int]:
-    """Query rows per step of ``talking_heads_chunked`` for 'auto': ``CPU_QUERY_CHUNK`` on CPUs
-    (measured), None (timm's attention; not measured) elsewhere. None while exporting (ONNX,
-    torch.export, tracing): the chunk loop would freeze the example input's token count into the
-    graph; an explicit ``query_chunk`` (``query_chunks=True``) still chunks, at that size only."""
+    """Query rows per step of ``talking_heads_chunked`` for 'auto': ``CPU_QUERY_CHUNK`` on CPUs,
+    None (timm's attention) elsewhere. None while exporting (ONNX, torch.export, tracing): the
+    chunk loop would freeze the example input's token count into the graph; an explicit
+    ``query_chunk`` (``query_chunks=True``) still chunks, at that size only."""
     if capturing_for_other_sizes():
         return None
     return CPU_QUERY_CHUNK if device.type == 'cpu' else None
@@ -88,19 +87,21 @@ def talking_heads_chunked(attn: TalkingHeadAttn, x: torch.Tensor, chunk: int) ->
 class GridTalkingHeadAttn(TalkingHeadAttn):
     """timm's ``TalkingHeadAttn`` over a token grid, globally or in ``window_size`` windows.
 
+    As in ViTDet, a grid is zero-padded at the bottom/right to a multiple of the window, and the
+    padding tokens take part in the attention of their window; a grid that fits in one window is
+    attended globally, without padding.
+
     Args:
         *args: ``TalkingHeadAttn``'s (``dim``, ``num_heads``, ``qkv_bias``, ...).
-        window_size (int): 0 for global attention; ``k > 0`` for attention within non-overlapping
-            ``k x k`` windows (the grid is zero-padded at the bottom/right to a multiple of ``k``
-            and the padding tokens take part in the attention of their window, as in ViTDet).
-            A grid that fits in one window is attended globally, without padding. Default: 0.
+        window_size (int): 0 for global attention; ``k > 0`` for attention within
+            non-overlapping ``k x k`` windows. Default: 0.
         **kwargs: ``TalkingHeadAttn``'s keyword arguments.
     """
 
     def __init__(self, *args, window_size: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.window_size = window_size
-        # 'auto': query-chunked inference where measured faster (``default_query_chunk``);
+        # 'auto': query chunks where they are faster (``default_query_chunk``);
         # an int: always, with that many rows per chunk; None: timm's attention
         self.query_chunk = 'auto'
 

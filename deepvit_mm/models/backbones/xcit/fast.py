@@ -1,8 +1,8 @@
 """A faster forward for timm's XCiT blocks: same parameters, same math, fewer passes over memory.
 
 XCiT (Ali et al., NeurIPS 2021) spends most of a dense-prediction forward on memory-bound work
-around its GEMMs (a CPU profile at 800x1344: ~60 % in copies from permutes, l2-norms over the
-token axis, LayerScale multiplies, ...). This module runs timm's ``XCABlock`` with its own
+around its GEMMs (copies from permutes, l2-norms over the token axis, LayerScale multiplies, ...;
+docs/speed.md#the-xcit-fast-forward). This module runs timm's ``XCABlock`` with its own
 parameters but rewrites three parts, each exactly equal in real arithmetic:
 
 * **Cross-covariance attention from the Gram matrix.** With a linear ``qkv`` (``q = x Wq^T + bq``,
@@ -19,9 +19,7 @@ parameters but rewrites three parts, each exactly equal in real arithmetic:
   (65504) from a few thousand tokens on.
 * **Local patch interaction on contiguous NCHW maps** (training). timm's LPI hands its depthwise
   convs a channels-last *view* of the tokens; on CPU, forward + backward of the LPI is faster on a
-  contiguous NCHW copy (2-core VM, freed memory kept as ``tools/train.py`` does: 80 vs 97 ms at
-  384x100x168, 17.9 vs 21.3 ms at 384x50x84; on an H100 both take 1.5 ms). Inference uses the
-  view.
+  contiguous NCHW copy (docs/speed.md#the-xcit-fast-forward). Inference uses the view.
 * **LayerScale residuals in one pass** (``torch.addcmul``) when no drop path is active.
 * **Inference** (eval mode, no autograd: ``xca_block_inference``): LayerScale folded into the
   attention map and ``fc2``, residual adds done by the GEMMs, the LPI convs on the channels-last
@@ -164,15 +162,14 @@ def _residual(x: torch.Tensor, gamma: torch.Tensor, y: torch.Tensor,
     return x + drop_path(gamma * y)
 
 
-# When the Gram forward is expected to beat timm's (the 'auto' setting), measured with XCiT-N12 to
-# M24 at 64x64 to 1024x1024, batch 1 to 8 (README, "Speed"):
-# * CPU (2 cores): folding the attention costs ~6 C^3 multiply-adds per image and block whatever
-#   the input, saving ~4 N C^2: a loss under N ~ C tokens, break-even near 1.5-3 C, a gain above.
+# When the Gram forward is expected to beat timm's (the 'auto' setting); the thresholds are tuned
+# by measurement: docs/speed.md#when-auto-takes-it
+# * CPU: folding the attention costs ~6 C^3 multiply-adds per image and block whatever the input,
+#   saving ~4 N C^2: a loss under N ~ C tokens, a gain from a few C on.
 CPU_MIN_TOKENS_PER_CHANNEL = 2
-# * CUDA (H100): the Gram forward does less GPU work but launches more kernels; until the batch's
-#   work (B N C^2) keeps the GPU busier than the host is, it is host-bound and slower. bf16/fp16
-#   work runs faster, so it takes more of it to hide the same host time. Between ~1e9 and 2e9 in
-#   fp32 the gain came and went from run to run (0.8x to 1.36x): left off.
+# * CUDA: the Gram forward does less GPU work but launches more kernels; until the batch's work
+#   (B N C^2) keeps the GPU busier than the host is, it is host-bound and slower. bf16/fp16 work
+#   runs faster, so it takes more of it to hide the same host time.
 CUDA_MIN_WORK_FP32 = 2e9
 CUDA_MIN_WORK_LOW_PRECISION = 4e9
 # * Export (ONNX, torch.export, tracing): the rule above depends on the input's size, and the exported
@@ -185,7 +182,7 @@ EXPORT_FAST_PATH = True
 def fast_path_helps(x: torch.Tensor) -> bool:
     """The 'auto' rule: whether ``xca_block_forward`` is expected to be faster than timm's
     ``XCABlock.forward`` on tokens ``x`` ``(B, N, C)`` (the thresholds above; devices other than
-    CPU and CUDA: False, not measured; while exporting: ``EXPORT_FAST_PATH``)."""
+    CPU and CUDA: False; while exporting: ``EXPORT_FAST_PATH``)."""
     if capturing_for_other_sizes():
         return EXPORT_FAST_PATH
     B, N, C = x.shape

@@ -50,6 +50,16 @@ def _xcit_zoo() -> Dict[str, ArchSpec]:
 class XCiT(ColumnarBackbone):
     """XCiT for dense prediction: trunk (timm) -> 4 taps -> strides 4/8/16/32.
 
+    ``gram_xca`` runs the blocks through ``xcit.fast`` (cross-covariance attention from the Gram
+    matrix, contiguous LPI convs, fused LayerScale residuals, folded inference): the same
+    parameters and, to float rounding, the same result as timm's ``forward_intermediates``, with
+    less work on large inputs and more on small ones. ``'auto'`` decides per forward
+    (``xcit.fast.fast_path_helps``: on CPUs from 2 C tokens per image, on CUDA from a batch's
+    B N C^2 of 2e9 in fp32 and 4e9 in bf16/fp16; docs/speed.md#when-auto-takes-it).
+    ``qkv_cfg`` replaces the linear Q/K/V embedding by a non-linear one (``xcit.qkv``); a linear
+    checkpoint then loads everything else, and the load report lists the Q/K/V layers (and
+    F-SNE's codes) as left at init.
+
     Args:
         arch (str): ``nano_12_p8``, ``tiny_24_p16``, ... (N12, T12, T24, S12, S24, M24, L24 with
             patch 8 or 16) or timm's name such as ``xcit_small_12_p8_224``.
@@ -59,21 +69,11 @@ class XCiT(ColumnarBackbone):
         drop_path_rate (float, optional): Stochastic depth (constant over blocks, as in the
             paper). Default: Table B.1's value for ``arch``.
         layer_scale_init (float, optional): LayerScale eta. Default: Table B.1's value.
-        qkv_cfg (dict, optional): The Q/K/V embedding of every XCA block: ``dict(type='Linear')``
-            (timm's, the default), ``dict(type='SNE')``, ``dict(type='PSNE')`` or
-            ``dict(type='FSNE', code_size=8)``, each with an optional ``hidden`` width (default:
-            the paper's Table 1 for d = 128/192 and a rule for other widths; ``hidden='*'`` is
-            F-SNE's parameter-matched width). See ``xcit.qkv``. Loading a linear checkpoint
-            into a non-linear embedding loads everything else and reports the Q/K/V layers (and
-            F-SNE's codes) as left at init. Default: None (linear).
-        gram_xca (bool | str): Run the blocks through ``xcit_fast`` (cross-covariance
-            attention from the Gram matrix, contiguous LPI convs, fused LayerScale residuals,
-            folded inference): the same parameters and the same result as timm's
-            ``forward_intermediates`` (to float rounding), with less work on large inputs and
-            more on small ones. ``'auto'``: per forward, only where it is measured to be faster
-            (``xcit_fast.fast_path_helps``: on CPUs from 2 C tokens per image, on CUDA from a
-            batch's B N C^2 of 2e9 in fp32 and 4e9 in bf16/fp16); ``True``: always; ``False``:
-            timm's own forward. Default: ``'auto'``.
+        qkv_cfg (dict, optional): The Q/K/V embedding of every XCA block: ``dict(type=T)`` with
+            T ``'Linear'``, ``'SNE'``, ``'PSNE'`` or ``'FSNE'`` and their options (see
+            ``xcit.qkv.normalize_qkv_cfg``). Default: None (timm's linear embedding).
+        gram_xca (bool | str): The faster block forward (``xcit.fast``): ``'auto'`` (where it
+            helps), ``True`` (always) or ``False`` (timm's own forward). Default: ``'auto'``.
         norm_cfg (dict): Norm of the conv parts (patch embedding, LPI, ``ColumnarPyramid``).
             Default: ``dict(type='BN', requires_grad=True)``.
         frozen_stages (int): See ``ColumnarBackbone``. Default: -1.

@@ -205,12 +205,13 @@ _ARGS = {'Linear': set(), 'SNE': {'hidden', 'bias'}, 'PSNE': {'hidden', 'bias'},
 def normalize_qkv_cfg(qkv_cfg: Optional[dict]) -> dict:
     """Check a ``qkv_cfg`` and return it with its type spelled canonically.
 
+    The paper's spellings ``'P-SNE'``/``'F-SNE'`` and any letter case are accepted; ``hidden`` of
+    F-SNE may be ``'*'`` (the parameter-matched width).
+
     Args:
         qkv_cfg (dict, optional): ``None`` or ``dict(type='Linear')`` (timm's linear embedding),
             ``dict(type='SNE' | 'PSNE', hidden=None, bias=None)`` or
-            ``dict(type='FSNE', code_size=8, hidden=None, bias=None)``; ``hidden`` of F-SNE may be
-            ``'*'`` (the parameter-matched width). The paper's spellings ``'P-SNE'``/``'F-SNE'``
-            and any letter case are accepted.
+            ``dict(type='FSNE', code_size=8, hidden=None, bias=None)``.
 
     Returns:
         dict: A new dict with ``type`` one of ``QKV_TYPES``.

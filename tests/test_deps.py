@@ -148,6 +148,7 @@ def test_arch_fixed_arguments_refused():
         XCiT('small_12_p16', patch_size=4)
 
 
+@pytest.mark.slow
 def test_the_installed_package_never_imports_the_tools_library():
     """deepvit_mm is the product: importing every one of its modules loads nothing of
     deepvit_tools (the measuring harness and demo-data generators beside tools/), which setup.py

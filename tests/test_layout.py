@@ -82,6 +82,14 @@ def test_every_module_and_folder_is_named(layout_paths, top):
     assert not unnamed, f'docs/layout.md does not name {unnamed}'
 
 
+def test_test_files_have_unique_names():
+    """pytest imports the test files by their names (the folders have no ``__init__.py``): two
+    files of one name in two folders would stop the collection."""
+    names = [f for d, _, fs in os.walk(os.path.join(ROOT, 'tests')) for f in fs
+             if f.startswith('test_') and f.endswith('.py')]
+    assert sorted(names) == sorted(set(names)), [n for n in set(names) if names.count(n) > 1]
+
+
 def test_every_test_folder_is_named(layout_paths):
     folders = {p for p in _tree_entries('tests', ()) if p.endswith('/')}
     unnamed = sorted(folders - set(layout_paths))

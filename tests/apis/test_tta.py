@@ -25,6 +25,7 @@ def _views(cfg: Config) -> list:
     return tta['transforms']
 
 
+@pytest.mark.slow
 def test_ade20k_recipes_test_at_six_scales_with_and_without_flip():
     cfg = Config.fromfile(os.path.join(ROOT, 'configs', 'upernet_xcit_t12_16_160k_ade20k.py'))
     backbone = cfg.model.backbone.type

@@ -44,6 +44,7 @@ def _assert_taps_match(backbone, timm_model):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_official_release_pth(tmp_path, timm_model):
     path = tmp_path / 'xcit_nano_12_p16_224.pth'
     torch.save(official_xcit_state_dict(timm_model), path)
@@ -59,6 +60,7 @@ def test_official_release_pth(tmp_path, timm_model):
     assert 'dropped on purpose' in text and 'left at init' in text and 'adapter.levels' in text
 
 
+@pytest.mark.slow
 def test_init_cfg_pretrained_goes_through_our_loader(tmp_path, timm_model):
     path = tmp_path / 'official.pth'
     torch.save(official_xcit_state_dict(timm_model), path)
@@ -66,6 +68,7 @@ def test_init_cfg_pretrained_goes_through_our_loader(tmp_path, timm_model):
     _assert_taps_match(m, timm_model)
 
 
+@pytest.mark.slow
 def test_timm_pth_and_safetensors(tmp_path, timm_model):
     sd = {k: v.contiguous() for k, v in timm_model.state_dict().items()}
     torch.save(sd, tmp_path / 'timm.pth')
@@ -84,6 +87,7 @@ def _mmengine_meta():
                 dataset_meta=dict(classes=('a', 'b'), palette=[(1, 2, 3)]))
 
 
+@pytest.mark.slow
 def test_detector_checkpoint_with_mmengine_meta_loads_everything(tmp_path):
     src = XCiT(ARCH)
     for p in src.adapter.parameters():
@@ -101,6 +105,7 @@ def test_detector_checkpoint_with_mmengine_meta_loads_everything(tmp_path):
     assert isinstance(buf, HistoryBuffer) and buf.mean() == pytest.approx(0.375)
 
 
+@pytest.mark.slow
 def test_official_detection_layout_maps_fpn_levels(tmp_path):
     src = XCiT('nano_12_p16')
     for p in src.adapter.parameters():
@@ -122,6 +127,7 @@ def test_official_detection_layout_maps_fpn_levels(tmp_path):
         torch.testing.assert_close(m.state_dict()[k], v)
 
 
+@pytest.mark.slow
 def test_other_size_refused_with_tensor_names(tmp_path):
     big = timm.create_model('xcit_tiny_12_p16_224')
     path = tmp_path / 'tiny.pth'
@@ -134,6 +140,7 @@ def test_other_size_refused_with_tensor_names(tmp_path):
     assert "XCiT(arch='tiny_12_p16')" in msg  # says what it looks like
 
 
+@pytest.mark.slow
 def test_deeper_model_refused(tmp_path):
     deep = timm.create_model('xcit_tiny_24_p16_224')
     path = tmp_path / 'tiny24.pth'
@@ -142,6 +149,7 @@ def test_deeper_model_refused(tmp_path):
         _build(path, arch='tiny_12_p16')
 
 
+@pytest.mark.slow
 def test_other_family_refused(tmp_path):
     vit = timm.create_model('vit_tiny_patch16_224')
     path = tmp_path / 'vit.pth'
@@ -211,6 +219,7 @@ def test_missing_empty_truncated(tmp_path, timm_model):
         read_checkpoint(str(tmp_path / 'text.pth'))
 
 
+@pytest.mark.slow
 def test_mmengine_checkpoint_reads_in_a_fresh_process(tmp_path):
     """``--resume`` reads in a new process, where no HistoryBuffer was built yet (mmengine fills
     its table of statistics methods lazily): the pickled ``getattr(HistoryBuffer, 'min')`` must
@@ -233,6 +242,7 @@ def test_mmengine_checkpoint_reads_in_a_fresh_process(tmp_path):
 
 
 @pytest.mark.parametrize('layout', ['mmengine', 'official', 'safetensors'])
+@pytest.mark.slow
 def test_mmengine_loads_name_the_file_in_the_report(tmp_path, monkeypatch, layout):
     """mmengine's load_checkpoint (load_from, --resume, tools/test.py, the inferencers) reads
     through the safe reader and loads through the matcher, whose report names the file read:
@@ -258,6 +268,7 @@ def test_mmengine_loads_name_the_file_in_the_report(tmp_path, monkeypatch, layou
         assert torch.equal(dst.state_dict()[k], v), k
 
 
+@pytest.mark.slow
 def test_a_complete_model_is_required_by_argument_or_block():
     """A backbone-only checkpoint leaves the rest of a model at init: refused with
     ``require_complete=True`` (deploy's export) or inside ``require_complete_model()`` (mmengine's

@@ -266,6 +266,7 @@ def _offline(code, hf_home):
                            + code, ROOT], capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_hub_name_from_an_offline_cache(tmp_path):
     import timm
     from safetensors.torch import save_file
@@ -339,6 +340,7 @@ def test_a_zip_whose_bytes_changed_is_refused_before_loading(saved, tmp_path):
         read_checkpoint(str(bad))
 
 
+@pytest.mark.slow
 def test_fuzz_every_corruption_is_refused_or_loads_the_saved_tensors(saved, tmp_path):
     """300 corrupted copies of a real checkpoint (seeded): 1-64 bytes overwritten in the zip's
     local headers, the pickle, tensor data or the central directory, and truncations. Each is
@@ -461,6 +463,7 @@ def network(monkeypatch, hub_dir):
     return files, asked
 
 
+@pytest.mark.slow
 def test_every_recipe_fetches_its_imagenet_weights_itself(network, hub_dir):
     """No recipe needs a file downloaded by hand: its backbone's ``pretrained`` is the official
     release's URL, fetched once into the cache by the loader (network monkeypatched)."""
@@ -479,6 +482,7 @@ def test_every_recipe_fetches_its_imagenet_weights_itself(network, hub_dir):
     assert len(urls) >= 24
 
 
+@pytest.mark.slow
 def test_a_recipe_trains_from_its_fetched_weights(network, hub_dir):
     """The T12/16 Mask R-CNN recipe's backbone initialised from its URL: fetched, checked, loaded
     through the matcher."""

@@ -118,6 +118,7 @@ UPERNET = """
 
 
 @pytest.mark.parametrize('arch', ['nano_12_p16', 'nano_12_p8'])
+@pytest.mark.slow
 def test_official_segmentor_checkpoint_loads_and_computes_the_same(tmp_path, arch):
     src = _mmseg_model(tmp_path, UPERNET.format(root=ROOT, arch=arch))
     _randomize(src)
@@ -156,6 +157,7 @@ def test_official_segmentor_checkpoint_loads_and_computes_the_same(tmp_path, arc
         torch.testing.assert_close(dst(x, mode='tensor'), src(x, mode='tensor'))
 
 
+@pytest.mark.slow
 def test_official_detector_checkpoint_loads_and_computes_the_same(tmp_path):
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
@@ -195,6 +197,7 @@ def test_official_detector_checkpoint_loads_and_computes_the_same(tmp_path):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_our_own_layout_is_left_alone_by_the_hook():
     m = XCiT('nano_12_p16')
     _randomize(m)
@@ -207,6 +210,7 @@ def test_our_own_layout_is_left_alone_by_the_hook():
 
 
 @pytest.mark.parametrize('arch', ['nano_12_p16', 'nano_12_p8'])
+@pytest.mark.slow
 def test_unpadded_input_sizes_and_minimum(arch):
     m = XCiT(arch, pad_input=False).eval()
     p = m.patch_size

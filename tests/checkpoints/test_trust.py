@@ -76,6 +76,7 @@ DET_PATHS = [_via_init_detector, _via_det_inferencer, _via_runner_load_from]
 
 
 @pytest.mark.parametrize('load', DET_PATHS)
+@pytest.mark.slow
 def test_every_path_loads_through_the_matcher_with_one_report(det, load, logged):
     cfg_file, ckpt, want = det
     model = load(cfg_file, ckpt)
@@ -89,6 +90,7 @@ def test_every_path_loads_through_the_matcher_with_one_report(det, load, logged)
 
 
 @pytest.mark.parametrize('load', DET_PATHS + [_via_init_cfg])
+@pytest.mark.slow
 def test_other_arch_refused_on_every_path(det, tmp_path, load):
     cfg_file, _, _ = det
     cfg = _cfg(DET_CFG, arch='tiny_12_p16')
@@ -103,6 +105,7 @@ def test_other_arch_refused_on_every_path(det, tmp_path, load):
 
 
 @pytest.mark.parametrize('load', DET_PATHS)
+@pytest.mark.slow
 def test_timm_classifier_loads_into_the_backbone(det, tmp_path, load, logged):
     cfg_file, _, _ = det
     torch.manual_seed(5)
@@ -122,6 +125,7 @@ def test_timm_classifier_loads_into_the_backbone(det, tmp_path, load, logged):
     assert 'left at init' in reports[0] and 'neck.' in reports[0]
 
 
+@pytest.mark.slow
 def test_other_class_count_is_skipped_and_reported(det, tmp_path, logged):
     cfg_file, ckpt, want = det
     cfg = Config.fromfile(cfg_file)
@@ -160,6 +164,7 @@ def test_nothing_loads_refused(det, tmp_path):
         _via_runner_load_from(cfg_file, ckpt)
 
 
+@pytest.mark.slow
 def test_non_finite_weights_refused_by_name(det, tmp_path):
     cfg_file, ckpt, want = det
     sd = dict(want)
@@ -173,6 +178,7 @@ def test_non_finite_weights_refused_by_name(det, tmp_path):
             load(cfg_file, bad)
 
 
+@pytest.mark.slow
 def test_segmentor_paths(tmp_path):
     from mmseg.apis import MMSegInferencer, init_model
     cfg = _cfg(SEG_CFG)
@@ -195,6 +201,7 @@ def test_segmentor_paths(tmp_path):
 
 
 # ------------------------------------------------------------------ no code from checkpoints
+@pytest.mark.slow
 def test_config_text_rules():
     cfg = Config.fromfile(DET_CFG)
     assert config_text_problem(cfg.pretty_text) is None  # what mmengine itself stores
@@ -234,6 +241,7 @@ def test_inferencer_without_config_never_evaluates_code(det, tmp_path, monkeypat
     assert text == EVIL
 
 
+@pytest.mark.slow
 def test_inferencer_without_config_uses_plain_data_config(det):
     from mmdet.apis import DetInferencer
     _, ckpt, want = det
@@ -275,6 +283,7 @@ def test_folder_home_and_missing_paths(tmp_path, monkeypatch):
         read_checkpoint('~/nope.pth')
 
 
+@pytest.mark.slow
 def test_url_checkpoints_download_once_then_load(det, tmp_path, server, hub_dir, monkeypatch):
     www, url, hits = server
     monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'hub'))
@@ -306,6 +315,7 @@ def _dino_checkpoint(teacher, student):
             'dino_loss': {'center': torch.zeros(1, 65536)}}
 
 
+@pytest.mark.slow
 def test_dino_training_checkpoint_teacher_by_default_student_on_request(tmp_path):
     from mmdet.registry import MODELS
     torch.manual_seed(1)
@@ -334,6 +344,7 @@ def test_dino_training_checkpoint_teacher_by_default_student_on_request(tmp_path
         MODELS.build(dict(type='XCiT', arch='nano_12_p16')).load_pretrained(path)
 
 
+@pytest.mark.slow
 def test_dino_release_loads(tmp_path):
     """The official DINO XCiT releases are the backbone's state dict alone (no head)."""
     torch.manual_seed(2)

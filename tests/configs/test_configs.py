@@ -37,6 +37,7 @@ def _ids(paths):
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
+@pytest.mark.slow
 def test_config_builds_its_model(path):
     cfg = Config.fromfile(path)
     assert 'deepvit_mm' in cfg.custom_imports['imports']
@@ -104,6 +105,7 @@ FAMILY_NO_DECAY = {
     'mask_rcnn_xcit_t12_16_fsne8s_3x.py', 'upernet_xcit_t12_16_160k_ade20k.py',
     'upernet_cait_xxs24_160k_ade20k.py', 'sem_fpn_xcit_t12_8_80k_ade20k.py',
     'demo/mask_rcnn_xcit_nano_12_p8_shapes.py'])
+@pytest.mark.slow
 def test_no_decay_on_scales_groups(name):
     from mmengine.optim import build_optim_wrapper
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, name))
@@ -142,6 +144,7 @@ RUNTIME = Config.fromfile(os.path.join(CONFIG_DIR, '_base_', 'default_runtime.py
 
 
 @pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
+@pytest.mark.slow
 def test_config_uses_the_shared_runtime(path):
     """Hooks, checkpoint hook and weight-decay rules come from configs/_base_/default_runtime.py."""
     cfg = Config.fromfile(path)
@@ -176,11 +179,13 @@ def _without_backbone(name):
 @pytest.mark.parametrize('cait,xcit', [
     ('mask_rcnn_cait_xxs24_3x.py', 'mask_rcnn_xcit_t12_16_3x.py'),
     ('upernet_cait_xxs24_160k_ade20k.py', 'upernet_xcit_t12_16_160k_ade20k.py')])
+@pytest.mark.slow
 def test_cait_and_xcit_recipes_differ_only_in_the_backbone(cait, xcit):
     """Same schedule, data, heads and runtime for both families (mmengine's merged dicts)."""
     assert _without_backbone(cait) == _without_backbone(xcit)
 
 
+@pytest.mark.slow
 def test_runner_reverts_syncbn_when_not_distributed(tmp_path):
     """The recipes ask for SyncBN; mmengine's Runner turns it into BN on one GPU or CPU."""
     from mmengine.runner import Runner

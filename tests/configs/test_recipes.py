@@ -114,6 +114,7 @@ def test_every_recipe_is_covered():
 
 
 @pytest.mark.parametrize('recipe', RECIPES, ids=os.path.basename)
+@pytest.mark.slow
 def test_weight_decay_of_every_parameter_is_the_official_one(recipe):
     from mmengine.optim import build_optim_wrapper
     cfg = load_config(recipe)  # no GPU here: AmpOptimWrapper -> OptimWrapper, same groups
@@ -189,6 +190,7 @@ _MISMATCHES: Dict[str, List[tuple]] = {}
 
 
 @pytest.mark.parametrize('recipe', RECIPES, ids=os.path.basename)
+@pytest.mark.slow
 def test_lr_at_every_iteration_is_the_official_one(recipe):
     cfg = Config.fromfile(recipe)
     task = _task(recipe)
@@ -211,6 +213,7 @@ def test_lr_at_every_iteration_is_the_official_one(recipe):
 
 
 @pytest.mark.parametrize('recipe', RECIPES, ids=os.path.basename)
+@pytest.mark.slow
 def test_drop_path_optimizer_batch_and_precision_are_the_official_ones(recipe, monkeypatch):
     from deepvit_mm import CaiT, XCiT
     cfg = Config.fromfile(recipe)

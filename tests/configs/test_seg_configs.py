@@ -41,6 +41,7 @@ def test_recipes_cover_table6():
 
 
 @pytest.mark.parametrize('path', SEG_RECIPES, ids=_ids(SEG_RECIPES))
+@pytest.mark.slow
 def test_segmentation_recipe_hyper_parameters(path):
     head, model_tag, patch, sched = RECIPE.fullmatch(os.path.basename(path)).groups()
     cfg = Config.fromfile(path)
@@ -108,6 +109,7 @@ def test_segmentation_recipe_hyper_parameters(path):
 # (their necks and head wiring), with the smallest backbone of the table and small inputs.
 @pytest.mark.parametrize('name', ['upernet_xcit_t12_16_160k_ade20k.py',
                                   'sem_fpn_xcit_t12_16_80k_ade20k.py'])
+@pytest.mark.slow
 def test_recipe_loss_backward_and_unpadded_predict(name):
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, name))
     cfg.model.data_preprocessor.size = None  # the base pads every batch to 512x512 crops

@@ -106,6 +106,7 @@ def _export_with_tool(cfg, checkpoint, out, *args) -> str:
     (SEG_CFG, SHALLOW, SIZES),
     (CAIT_CFG, SHALLOW, SIZES),
 ], ids=['xcit_nano_12_p16', 'cait_xxs24'])
+@pytest.mark.slow
 def test_backbone_dynamic_export_matches_pytorch_at_two_sizes(tmp_path, cfg, options, sizes):
     model, task = load_model(cfg, None, options, backbone_only=True)
     _nontrivial_statistics(model)
@@ -181,6 +182,7 @@ def test_segmentor_export_tool_matches_pytorch_at_two_sizes(tmp_path):
 
 
 @exports
+@pytest.mark.slow
 def test_fixed_size_export_refuses_other_sizes_and_dynamic_needs_multiples_of_32(tmp_path):
     model, task = load_model(SEG_CFG, None, SHALLOW, backbone_only=True)
     wrapper = wrap_for_export(model, task, backbone_only=True)

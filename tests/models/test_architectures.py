@@ -217,6 +217,7 @@ def predict(cfg, model) -> list:
 
 
 @pytest.mark.parametrize('arch,family', CASES)
+@pytest.mark.slow
 def test_stock_architecture_trains_and_predicts(tmp_path, arch, family):
     cfg = arch_config(tmp_path, arch, family)
     model = build_model(cfg)
@@ -306,6 +307,7 @@ def mismatch_message(cfg, unchecked: torch.nn.Module) -> str:
 
 @pytest.mark.parametrize('arch_id,fix,levels,mode', MISMATCHES,
                          ids=[f'{m[0]}-{m[3]}' for m in MISMATCHES])
+@pytest.mark.slow
 def test_consumer_built_for_other_channels_fails_naming_the_fix(tmp_path, arch_id, fix, levels,
                                                                  mode):
     arch = next(a for a in ARCHS if a.id == arch_id)
@@ -342,6 +344,7 @@ def test_cascade_heads_at_two_strides_fail_naming_the_fix(tmp_path):
         model.train()(**data, mode='loss')
 
 
+@pytest.mark.slow
 def test_a_runner_stops_before_the_first_iteration(tmp_path, shapes):
     """``tools/train.py``'s path: mmengine's Runner builds the model without the check, and the
     recipes' ``CheckConsumersHook`` refuses it before any iteration."""
@@ -410,6 +413,7 @@ def test_a_backbone_alone_runs_without_a_check(monkeypatch):
     assert calls == [] and not hasattr(model, 'consumers_checked')
 
 
+@pytest.mark.slow
 def test_message_lists_every_mismatched_head(tmp_path):
     arch = next(a for a in ARCHS if a.id == 'upernet')
     cfg = arch_config(tmp_path, arch._replace(changes='pretrained=None'), 'XCiT')

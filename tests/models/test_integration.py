@@ -5,6 +5,7 @@ from conftest import build_model, config_from_text, finite_loss_and_grads, seg_i
 
 
 @pytest.mark.parametrize('arch', ['nano_12_p16', 'nano_12_p8'])
+@pytest.mark.slow
 def test_xcit_in_mmdets_own_mask_rcnn_config(tmp_path, arch):
     from mmdet.testing import demo_mm_inputs
     cfg = config_from_text(tmp_path, f"""
@@ -33,6 +34,7 @@ def test_xcit_in_mmdets_own_mask_rcnn_config(tmp_path, arch):
     ('mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py',
      "neck=dict(in_channels=[128, 128, 128, 128])"),
 ])
+@pytest.mark.slow
 def test_xcit_in_mmsegs_own_configs(tmp_path, base, heads):
     cfg = config_from_text(tmp_path, f"""
         _base_ = '{base}'

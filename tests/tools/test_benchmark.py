@@ -53,6 +53,7 @@ def _sleep(seconds):
 
 
 @pytest.mark.skipif(not LINUX, reason='Linux /proc')
+@pytest.mark.slow
 def test_cpu_peak_memory_sees_a_known_allocation_and_nothing_else():
     growth, method, absolute = bm.run_isolated(_allocate, 200)
     assert 195 <= growth < 260, growth
@@ -71,6 +72,7 @@ def test_tensor_peak_counts_the_tensors_of_a_call():
     assert bm.tensor_peak(run) == pytest.approx(48, abs=0.5)
 
 
+@pytest.mark.slow
 def test_isolated_failures_raise_with_the_reason():
     with pytest.raises(bm.IsolatedError, match="KeyError: 'no such thing'"):
         bm.run_isolated(_fail, 'no such thing')
@@ -78,6 +80,7 @@ def test_isolated_failures_raise_with_the_reason():
         bm.run_isolated(_sleep, 60, timeout=0.5)
 
 
+@pytest.mark.slow
 def test_failures_come_back_as_rows():
     res = bm.measure_isolated(bm.Case('nano_12_p16', (8, 8), repeats=0))  # below one patch
     assert 'smaller than one 16x16 patch' in res['error'] and res['label'] == 'nano_12_p16'
@@ -86,6 +89,7 @@ def test_failures_come_back_as_rows():
 # --------------------------------------------------------------------------------------------
 # models and synthetic batches
 # --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_backbones_are_built_by_family_through_the_registry():
     assert bm.backbone_family('xcit_nano_12_p16_224').__name__ == 'XCiT'
     assert bm.backbone_family('xxs24').__name__ == 'CaiT'
@@ -99,6 +103,7 @@ def test_backbones_are_built_by_family_through_the_registry():
     (DEMO_SEG, None, (64, 80), (64, 80)),  # test-mode preprocessing: no padding to the crop
     (DEMO_DET, SMALL_DET, (64, 80), (64, 96)),  # mmdet pads to its size divisor (32)
 ])
+@pytest.mark.slow
 def test_synthetic_batch_goes_through_a_models_forward_and_loss(config, cfg_options, size,
                                                                 padded):
     from mmengine.registry import DefaultScope
@@ -129,6 +134,7 @@ def test_backbone_input_is_reproducible():
 # --------------------------------------------------------------------------------------------
 # one measurement
 # --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_measure_times_the_first_call_when_no_warmup_and_restores_threads():
     threads = torch.get_num_threads()
     res = bm.measure(bm.Case('nano_12_p16', (64, 64), mode='train', threads=1, warmup=0,
@@ -144,6 +150,7 @@ def test_measure_times_the_first_call_when_no_warmup_and_restores_threads():
 
 
 @pytest.mark.parametrize('config,mode', [(DEMO_SEG, 'train'), (DEMO_DET, 'fwd')])
+@pytest.mark.slow
 def test_config_models(config, mode):
     res = bm.measure(bm.Case(config, (64, 96), mode=mode, warmup=0, repeats=1,
                              cfg_options=SMALL_DET if config == DEMO_DET else {}),
@@ -196,6 +203,7 @@ def test_cait_timm_baseline_runs_at_the_input_grid_with_our_embedding():
     ('nano_12_p16', dict(gram_xca=True), (1e-9, 1e-5)),
     ('xxs24', dict(out_indices=(0, 1, 2, 3)), (0, 1e-5)),
 ])
+@pytest.mark.slow
 def test_compare_same_outputs_and_ratios(arch, kwargs, err):
     fp16 = cpu_float16_training_problem() is None  # torch 2.1: no float16 CPU autocast
     modes = (('fwd', 'fp32'), ('fwd', 'bf16'), ('train', 'fp32')) + ((('fwd', 'fp16'),) if fp16 else ())
@@ -226,6 +234,7 @@ def test_gemm_floor_has_the_block_gemms_of_the_model():
     (dict(out_indices=(0, 1, 2, 3), window_size=3, global_blocks=(1, 3)),
      [(8 * 4, 9, 48), (8, 24, 48)] * 2),  # 3x3 windows: 2x2 of them on the padded grid
 ])
+@pytest.mark.slow
 def test_gemm_floor_has_cait_attention_products(kwargs, spans):
     ours = bm.build_backbone('xxs24', **kwargs)
     floor = bm.GemmFloor(ours, (64, 96), batch=2)
@@ -303,6 +312,7 @@ def test_cait_variant_table():
 # --------------------------------------------------------------------------------------------
 # the tools, end to end on tiny settings
 # --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
     tool = _tool('benchmark')
     out = tmp_path / 'bench'
@@ -333,6 +343,7 @@ def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
     assert f'Reproduce: `{line[len("reproduce with: "):]}`' in md
 
 
+@pytest.mark.slow
 def test_benchmark_tool_compare_only_for_cait(tmp_path):
     tool = _tool('benchmark')
     tool.main(['--arch', 'xxs24', '--sizes', '64', '--dtypes', 'fp32', '--passes', 'fwd',
@@ -356,6 +367,7 @@ def test_benchmark_tool_option_errors():
             tool.parse_args(argv)
 
 
+@pytest.mark.slow
 def test_memory_train_step_tool_both_settings_in_fresh_processes(capsys):
     tool = _tool('memory_train_step')
     tool.main([DEMO_DET, '--height', '64', '--width', '96', '--num-objects', '2',
@@ -371,6 +383,7 @@ def test_memory_train_step_tool_both_settings_in_fresh_processes(capsys):
                                                    abs=0.2)
 
 
+@pytest.mark.slow
 def test_benchmark_memory_tool_cait_variants(tmp_path, capsys):
     tool = _tool('benchmark_memory')
     out = tmp_path / 'rows.json'
@@ -392,6 +405,7 @@ def test_benchmark_memory_tool_cait_variants(tmp_path, capsys):
 # --------------------------------------------------------------------------------------------
 # a checkpoint's metrics: tools/test.py's evaluation
 # --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_evaluate_checkpoint_gives_the_miou_of_a_known_prediction(tmp_path):
     """A segmentor that predicts the first class everywhere: its mIoU and aAcc follow from the
     label maps alone."""
@@ -436,6 +450,7 @@ def test_evaluate_checkpoint_gives_the_miou_of_a_known_prediction(tmp_path):
     (DEMO_DET, SMALL_DET, ['data', 'backbone', 'neck', 'rpn', 'roi']),
     (DEMO_SEG, None, ['data', 'backbone', 'neck', 'decode']),
 ])
+@pytest.mark.slow
 def test_split_step_leaves_the_gradients_of_a_whole_step(config, cfg_options, parts):
     """Timing the parts apart must not change what the step computes: every parameter's gradient
     equals that of the whole model's loss backward on the same batch and RNG state."""
@@ -461,6 +476,7 @@ def test_split_step_leaves_the_gradients_of_a_whole_step(config, cfg_options, pa
 
 
 @pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
+@pytest.mark.slow
 def test_profile_train_step_tool(capsys, dtype):
     tool = _tool('profile_train_step')
     import sys
@@ -485,6 +501,7 @@ def test_profile_train_step_tool(capsys, dtype):
     assert 'GFLOP/s (float32 GEMM' in out and f', {dtype}, ' in out
 
 
+@pytest.mark.slow
 def test_op_breakdown_counts_the_block_products_and_sums_to_the_pass():
     """timm's XCiT forward (gram_xca=False) does the standard block GEMMs, XCA's per-head
     products and the adapter's transposed convs (GEMMs on CPU): the profiler's count must be
@@ -509,6 +526,7 @@ def test_op_breakdown_counts_the_block_products_and_sums_to_the_pass():
         [['block', 'GEMMs'], ['sum', 'of']]
 
 
+@pytest.mark.slow
 def test_step_floors_count_every_product_of_each_part():
     """The floors' multiply-adds per part are every matrix product and convolution of that part,
     forward and backward: the backbone's equal torch's FlopCounterMode over the backbone alone."""

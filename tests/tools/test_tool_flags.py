@@ -63,6 +63,7 @@ def _runner_lrs(tmp_path, **kwargs) -> list:
     return sorted({group['lr'] for group in optim_wrapper.optimizer.param_groups})
 
 
+@pytest.mark.slow
 def test_auto_scale_lr_scales_the_runner_lr_to_the_batch(tmp_path):
     cfg = Config.fromfile(DEMO_SEG)
     lr, base = cfg.optim_wrapper.optimizer.lr, cfg.auto_scale_lr.base_batch_size
@@ -71,6 +72,7 @@ def test_auto_scale_lr_scales_the_runner_lr_to_the_batch(tmp_path):
     assert _runner_lrs(tmp_path / 'on', cfg_options=half, auto_scale_lr=True) == [lr / 2]
 
 
+@pytest.mark.slow
 def test_auto_scale_lr_without_a_base_batch_says_what_to_add(tmp_path):
     config = tmp_path / 'no_base.py'
     config.write_text(f"_base_ = '{DEMO_SEG}'\nauto_scale_lr = dict(_delete_=True, enable=False)\n")
@@ -83,6 +85,7 @@ def test_auto_scale_lr_without_a_base_batch_says_what_to_add(tmp_path):
 
 
 @pytest.mark.parametrize('recipe', RECIPES, ids=lambda p: os.path.basename(p)[:-3])
+@pytest.mark.slow
 def test_every_recipe_states_its_base_batch(recipe):
     """Mask R-CNN (COCO) and UperNet / Semantic FPN (ADE20k): 8 GPUs x 2 images, as written."""
     cfg = Config.fromfile(recipe)
@@ -111,6 +114,7 @@ def test_tools_test_out_writes_mmdets_pickle_for_its_confusion_matrix(tmp_path, 
     assert (tmp_path / 'cm' / 'confusion_matrix.png').is_file()
 
 
+@pytest.mark.slow
 def test_out_is_mmdets_pickle_or_mmsegs_folder(tmp_path):
     det = Config.fromfile(DEMO_DET)
     with pytest.raises(ValueError, match=r'\.pkl or \.pickle'):
@@ -144,6 +148,7 @@ def test_an_unknown_vis_backend_is_refused_with_the_names():
         vis_backend_types(['local', 'nosuch'])
 
 
+@pytest.mark.slow
 def test_a_vis_backend_without_its_package_names_the_pip_install(monkeypatch, tmp_path):
     monkeypatch.setattr(apis_config, '_installed', lambda module: module != 'wandb')
     cfg = Config.fromfile(DEMO_SEG)

@@ -81,6 +81,7 @@ def test_metafile_weights_are_the_official_xcit_release_of_the_recipe():
     assert with_weights == 24
 
 
+@pytest.mark.slow
 def test_metafile_params_and_flops_are_what_get_flops_counts():
     """Every entry's Parameters and FLOPs (exact) against ``config_flops`` at the tables' sizes
     (meta device: ~2 s a recipe, most of it building the model)."""
@@ -130,6 +131,7 @@ _MATMUL_OPS = {'conv', 'linear', 'matmul', 'bmm', 'addmm', 'mm', 'einsum', 'badd
 
 @pytest.mark.parametrize('arch,shape', [('nano_12_p16', (160, 224)), ('tiny_12_p8', (96, 128)),
                                         ('xxs24', (224, 224))])
+@pytest.mark.slow
 def test_flops_match_fvcore_on_timm_block_by_block(arch, shape):
     """Our count of our backbone (FlopCounterMode, meta device, our forward) equals fvcore's
     jit-trace count of timm's model (``forward_features``, real tensors) for the patch
@@ -156,6 +158,7 @@ def test_flops_match_fvcore_on_timm_block_by_block(arch, shape):
     assert ours[''] == sum(ours.get(f'trunk.{n}', 0) for n in names) + adapter
 
 
+@pytest.mark.slow
 def test_attention_counts_follow_the_papers_formulas():
     """XCA: q^T k and attn v, d^2 N / h multiply-adds each per block; talking heads in k x k
     windows (and globally in the tapped blocks): q k^T and attn v, n^2 d each, and the two

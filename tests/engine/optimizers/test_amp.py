@@ -49,6 +49,7 @@ def test_mmcv_ops_take_bfloat16_under_cpu_autocast():
     assert roi_align(conv(feats), rois).dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_amp_picks_the_wrapper_for_the_device(monkeypatch):
     cpu = prepare_config(CFG, amp=True)
     assert cpu.optim_wrapper.type == 'CPUAmpOptimWrapper' and cpu.optim_wrapper.dtype == 'bfloat16'
@@ -59,6 +60,7 @@ def test_amp_picks_the_wrapper_for_the_device(monkeypatch):
 
 
 @pytest.mark.numerics
+@pytest.mark.slow
 def test_bf16_losses_close_to_float32():
     from mmdet.testing import demo_mm_inputs
     cfg = Config.fromfile(CFG)

@@ -78,6 +78,7 @@ def _loss_and_backbone_grad(model, data, wrapper):
 
 @pytest.mark.parametrize('with_cp', [False, True], ids=['no_cp', 'with_cp'])
 @pytest.mark.parametrize('name,slim', STEPS, ids=[s[0][:-3] for s in STEPS])
+@pytest.mark.slow
 def test_recipe_train_step_in_float16(name, slim, with_cp):
     """The recipe's step in float16: finite loss and gradients, no overflow at the initial scale,
     the loss within 10 % of float32's (measured: 1.4-3.7 %). The heads' proposals and RoI samples
@@ -101,6 +102,7 @@ BACKBONES = {'xcit_s12_p8': lambda cp: XCiT('small_12_p8', with_cp=cp),
 @pytest.mark.numerics
 @pytest.mark.parametrize('with_cp', [False, True], ids=['no_cp', 'with_cp'])
 @pytest.mark.parametrize('arch', sorted(BACKBONES))
+@pytest.mark.slow
 def test_backbone_gradients_in_float16_match_float32(arch, with_cp):
     """The recipes' backbones trained under float16 autocast: every parameter's gradient, for the
     same gradient arriving from the heads, within 3 % (L2 over the whole backbone) of float32's
@@ -127,6 +129,7 @@ def test_backbone_gradients_in_float16_match_float32(arch, with_cp):
     assert (g16 - g32).norm() <= 0.03 * g32.norm()
 
 
+@pytest.mark.slow
 def test_loss_scale_backs_off_on_overflow_and_grows_again():
     """mmengine's train_step with the float16 wrapper: an overflow (an inf injected into one
     gradient once) skips that update and halves the scale; finite steps grow it back."""
@@ -241,6 +244,7 @@ FAST_PATHS = {'gram_xca': (_xcit_pair, (2, 3, 64, 96)),
 
 @pytest.mark.numerics
 @pytest.mark.parametrize('path', sorted(FAST_PATHS))
+@pytest.mark.slow
 def test_fast_path_in_float16_as_accurate_as_the_reference(path):
     """Each fast path's float16 result against its own float32 result: no worse than twice the
     float16 error of the reference path (timm's forward, PyTorch's layer) on the same input."""

@@ -117,6 +117,7 @@ def test_frozen_parameters_are_left_out_and_mmengine_options_still_apply():
     assert groups['rpn_head.rpn_conv.weight']['lr'] == pytest.approx(LR)
 
 
+@pytest.mark.slow
 def test_a_whole_training_step_with_the_groups():
     model = XCiT('nano_12_p16')
     ow = build_optim_wrapper(model, _optim_cfg())

@@ -107,7 +107,12 @@ def _copy(backbone) -> ColumnarBackbone:
 
 
 def _on(params):
-    return pytest.mark.parametrize('backbone', params, ids=_ids(params), indirect=True)
+    """Parametrize the ``backbone`` fixture. The light archs but each family's smallest are built
+    at full size for these tests (seconds each): they are marked slow, and the fast tier runs the
+    smallest and the heavy ones (on the meta device)."""
+    return pytest.mark.parametrize('backbone', [
+        pytest.param(fa, id=i, marks=pytest.mark.slow if fa not in HEAVY and fa[1] != SMALLEST[fa[0]]
+                     else ()) for fa, i in zip(params, _ids(params))], indirect=True)
 
 
 def _heavy(family, arch) -> ColumnarBackbone:
@@ -386,6 +391,7 @@ def _stats(m):
 @pytest.mark.parametrize('registry', REGISTRIES)
 @pytest.mark.parametrize('family,arch', SMALLEST_ARCHS)
 @pytest.mark.parametrize('k', [-1, 0, 3])
+@pytest.mark.slow
 def test_frozen_stages(registry, family, arch, k):
     m = _build(registry, family, arch, frozen_stages=k)
     m.train()  # what mmengine's loop does before training: freezing must survive it
@@ -456,6 +462,7 @@ def _count_block_calls(m):
 
 @pytest.mark.parametrize('family,arch', SMALLEST_ARCHS)
 @pytest.mark.parametrize('k', [-1, 2])
+@pytest.mark.slow
 def test_with_cp_replays_drop_path_and_updates_statistics_once(family, arch, k):
     kw = dict(frozen_stages=k, drop_path_rate=0.2)  # drop path: checkpointing must replay it
     ref = _build('mmdet', family, arch, **kw).train()
@@ -484,6 +491,7 @@ def test_with_cp_replays_drop_path_and_updates_statistics_once(family, arch, k):
 
 
 @pytest.mark.parametrize('family,arch', SMALLEST_ARCHS)
+@pytest.mark.slow
 def test_with_cp_statistics_survive_mmengines_syncbn_revert(family, arch):
     """A single-process run of a SyncBN config: mmengine swaps every SyncBN for a new BN module."""
     from mmengine.model.utils import revert_sync_batchnorm

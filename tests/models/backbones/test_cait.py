@@ -47,6 +47,7 @@ def test_taps_at_other_sizes_equal_timm_with_resampled_embedding(hw):
 
 
 # ------------------------------------------------------------------------------ architectures
+@pytest.mark.slow
 def test_timm_name_sets_the_position_embedding_grid():
     # (name resolution itself: test_backbones.py)
     assert CaiT.resolve_arch('cait_xxs24_384.fb_dist_in1k') == 'xxs24'
@@ -162,6 +163,7 @@ def test_window_attention_is_timms_attention_per_window(hw):
                                    atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_windowed_blocks_and_global_blocks():
     with torch.device('meta'):  # structure only
         m = CaiT('xxs24', window_size=14)
@@ -194,6 +196,7 @@ def test_windowed_taps_see_only_their_window():
 
 # (global attention without checkpointing: test_backbones.py)
 @pytest.mark.parametrize('window_size,with_cp', [(4, False), (4, True), (0, True)])
+@pytest.mark.slow
 def test_every_trainable_parameter_gets_a_gradient(window_size, with_cp):
     # 8 blocks, 2 of them global when windowed
     m = CaiT('xxs24', out_indices=(1, 3, 5, 7), window_size=window_size,
@@ -210,6 +213,7 @@ def test_every_trainable_parameter_gets_a_gradient(window_size, with_cp):
     assert not no_grad, no_grad
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_output_and_gradients():
     torch.manual_seed(0)
     a = CaiT('xxs24', out_indices=EARLY, window_size=4, drop_path_rate=0.0).train()
@@ -239,6 +243,7 @@ def test_windowed_cait_trains_in_mmdets_mask_rcnn():
     assert {'loss_cls', 'loss_mask', 'loss_rpn_cls'} <= set(log_vars)
 
 
+@pytest.mark.slow
 def test_cait_recipe_trains_in_mmsegs_upernet():
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, 'upernet_cait_xxs24_160k_ade20k.py'))
     cfg.model.backbone.update(out_indices=EARLY)
@@ -338,6 +343,7 @@ def test_resampling_checkpoint_under_ddp_trains(tmp_path, timm_xxs24_384):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_timm_pth_and_safetensors(tmp_path):
     torch.manual_seed(2)
     ref = _timm_model('cait_xxs24_224', depth=len(EARLY))
@@ -350,6 +356,7 @@ def test_timm_pth_and_safetensors(tmp_path):
         _assert_taps_match(m, ref, 224)
 
 
+@pytest.mark.slow
 def test_detector_checkpoint_through_mmengine(tmp_path, timm_xxs24_384):
     """load_from / resume / tools/test.py read our detector checkpoints with mmengine's loader:
     at the same grid everything loads as saved; into another grid the embedding is resampled
@@ -377,6 +384,7 @@ def test_detector_checkpoint_through_mmengine(tmp_path, timm_xxs24_384):
     _assert_taps_match(_build(path, arch='cait_xxs24_384'), timm_xxs24_384, 384)
 
 
+@pytest.mark.slow
 def test_other_cait_size_refused(tmp_path):
     path = tmp_path / 'xxs36.pth'
     torch.save({'model': timm.create_model('cait_xxs36_224').state_dict()}, path)
@@ -384,6 +392,7 @@ def test_other_cait_size_refused(tmp_path):
         _build(path)
 
 
+@pytest.mark.slow
 def test_cait_checkpoint_into_xcit_refused(tmp_path):
     path = tmp_path / 'cait.pth'
     torch.save(timm.create_model('cait_xxs24_224').state_dict(), path)
@@ -402,6 +411,7 @@ def test_xcit_checkpoint_into_cait_refused(tmp_path):
 
 # ------------------------------------------------------------------------------ recipes
 @pytest.mark.parametrize('size', ['xxs24', 'xs24', 's24'])
+@pytest.mark.slow
 def test_cait_recipes(size):
     dim = CaiT.arch_zoo[size].embed_dim
     det = Config.fromfile(os.path.join(CONFIG_DIR, f'mask_rcnn_cait_{size}_3x.py'))

@@ -53,6 +53,7 @@ def test_double_model_takes_double_input():
         assert m(torch.randn(1, 3, 64, 64, dtype=torch.float64))[0].dtype == torch.float64
 
 
+@pytest.mark.slow
 def test_cait_attention_that_cannot_fit_is_refused_before_allocating():
     m = _build('CaiT', 'xxs24', query_chunks=False).eval()  # timm's attention: N x N maps
     with pytest.raises(MemoryError, match=r'\(500x500 patches\) needs at least .* GiB .*'

@@ -179,6 +179,7 @@ def test_rest_of_xca_is_timms(kind):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_linear_is_timms_own_layer_and_equals_timm():
     default, explicit = XCiT('nano_12_p16').eval(), XCiT('nano_12_p16',
                                                          qkv_cfg=dict(type='Linear')).eval()
@@ -311,6 +312,7 @@ def test_linear_checkpoint_into_nonlinear_qkv(linear_ckpt, variant):
     assert 'dropped on purpose' in text
 
 
+@pytest.mark.slow
 def test_nonlinear_checkpoint_round_trip_and_refusals(tmp_path):
     src = XCiT('nano_12_p16', qkv_cfg=dict(type='PSNE')).eval()
     path = tmp_path / 'det.pth'
@@ -361,6 +363,7 @@ def test_nothing_to_replace_and_no_double_replacement():
 
 # ----------------------------------------------------------------------------- mmdet / mmseg
 @pytest.mark.parametrize('variant', list(NONLINEAR))
+@pytest.mark.slow
 def test_mask_rcnn_trains_with(tmp_path, variant):
     from mmdet.testing import demo_mm_inputs
     cfg = config_from_text(tmp_path, f"""
@@ -381,6 +384,7 @@ def test_mask_rcnn_trains_with(tmp_path, variant):
 
 
 @pytest.mark.parametrize('variant', list(NONLINEAR))
+@pytest.mark.slow
 def test_upernet_trains_with(tmp_path, variant):
     cfg = config_from_text(tmp_path, f"""
         _base_ = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
@@ -408,6 +412,7 @@ def test_upernet_trains_with(tmp_path, variant):
     ('demo/mask_rcnn_xcit_nano_12_p8_fsne8s_shapes.py',
      dict(type='FSNE', code_size=8, hidden='*')),
 ])
+@pytest.mark.slow
 def test_configs_select_the_variant(name, want):
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, name))
     assert cfg.model.backbone.qkv_cfg == want
@@ -420,6 +425,7 @@ def test_configs_select_the_variant(name, want):
         assert cfg.model.decode_head.in_channels == [192] * 4
 
 
+@pytest.mark.slow
 def test_fsne_recipe_weight_decay_groups():
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, 'mask_rcnn_xcit_t12_16_fsne8s_3x.py'))
     fit_precision_to_device(cfg)  # its float16 AmpOptimWrapper needs a GPU

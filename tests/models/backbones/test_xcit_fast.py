@@ -37,6 +37,7 @@ def _pair(arch, **kw):
 
 @pytest.mark.parametrize('arch', ['nano_12_p16', 'nano_12_p8'])
 @pytest.mark.parametrize('hw', [(64, 96), (50, 70)])
+@pytest.mark.slow
 def test_eval_outputs_equal_timm(arch, hw):
     fast, ref = _pair(arch)
     x = torch.randn(2, 3, *hw)
@@ -61,6 +62,7 @@ def test_chunked_inference_block_equals_timm_block(chunk, qkv_bias):
                                    rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_eval_with_autograd_uses_the_differentiable_path():
     # eval mode with gradients on (e.g. fine-tuning with norm_eval / frozen stages): the chunked
     # inference path must not be taken, the input gets a gradient equal to timm's
@@ -74,6 +76,7 @@ def test_eval_with_autograd_uses_the_differentiable_path():
 
 
 @pytest.mark.parametrize('with_cp', [False, True])
+@pytest.mark.slow
 def test_training_gradients_equal_timm(with_cp):
     # drop path on: both forwards draw the same random numbers in the same order
     fast, ref = _pair('nano_12_p16', drop_path_rate=0.1, with_cp=with_cp)
@@ -109,6 +112,7 @@ def test_bf16_autocast_as_accurate_as_timm():
 @pytest.mark.skipif(cpu_float16_training_problem() is not None,
                     reason=str(cpu_float16_training_problem()))
 @pytest.mark.parametrize('training', [False, True])
+@pytest.mark.slow
 def test_float16_gram_does_not_overflow(training):
     """Over 65504 / |y|^2 tokens a float16 sum y^T y overflows (XCiT-S12/8 at 800x1344 on an H100:
     NaN outputs, the fp16 recipe's first loss NaN); the Gram matrix is formed as a mean."""
@@ -158,6 +162,7 @@ def test_auto_rule_cpu_threshold():
 
 
 @pytest.mark.parametrize('hw, fast_expected', [((64, 64), False), ((256, 256), True)])
+@pytest.mark.slow
 def test_auto_takes_the_fast_path_only_where_it_helps(monkeypatch, hw, fast_expected):
     # nano (C = 128) at /16: 16 tokens (timm's forward) or 256 = 2 C tokens (the Gram forward)
     calls = []

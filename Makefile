@@ -7,7 +7,7 @@ PY := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV)/bin/python,$(CURDIR)/$(VENV)/bin/python
 DEMO_CFG := configs/demo/mask_rcnn_xcit_nano_12_p8_shapes_cpu.py
 DEMO_DIR := work_dirs/demo
 
-.PHONY: setup demo test test-avx2 lint
+.PHONY: setup demo test test-fast test-avx2 lint
 
 setup:
 	STACK=$(STACK) bash tools/setup_env.sh
@@ -38,6 +38,10 @@ AVX2_TESTS ?= -m numerics
 test: setup lint
 	$(PY) -m pytest -q tests
 	$(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests
+
+# The tests that start no tool, training or second process (markers `slow`, `distributed`).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not distributed" tests
 
 test-avx2: setup
 	$(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests

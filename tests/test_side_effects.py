@@ -9,6 +9,8 @@ import sys
 import pytest
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # fresh interpreters importing mmdet and mmseg
+
 # mmengine's state that the import may change: the checkpoint reader's schemes, load_state_dict,
 # the config package table and get_installed_path; and every registry's names
 _PROBE = r"""

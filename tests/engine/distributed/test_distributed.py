@@ -199,6 +199,11 @@ def test_two_nodes_end_with_the_weights_of_one_node(one_node, shapes, tmp_path, 
 needs_cpu_fsdp = pytest.mark.skipif(cpu_fsdp_problem() is not None, reason=str(cpu_fsdp_problem()))
 
 
+def _assert_same_weights(got: dict, want: dict) -> None:
+    differ = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not differ, f'{len(differ)} of {len(want)} tensors differ, e.g. {differ[:3]}'
+
+
 def _saved(work) -> dict:
     return read_checkpoint(str(work / f'iter_{ITERS}.pth'))['state_dict']
 
@@ -301,8 +306,7 @@ def test_two_process_run_resumes_bit_identical(shapes, tmp_path, sharded_run):
                                                   f'load_from={work / "iter_2.pth"}'))
     assert 'resumed epoch: 0, iter: 2' in log
     got, want = _saved(resumed), _saved(work)
-    differ = [k for k in want if not torch.equal(got[k], want[k])]
-    assert not differ, f'{len(differ)} of {len(want)} tensors differ, e.g. {differ[:3]}'
+    _assert_same_weights(got, want)
     ranks = read_checkpoint(str(work / 'iter_2.pth'))['rng_state']['ranks']
     assert len(ranks) == 2 and not torch.equal(ranks[0]['torch'], ranks[1]['torch'])
 
@@ -356,8 +360,7 @@ def test_a_killed_worker_restarts_the_group_and_ends_bit_identical(uninterrupted
     assert re.search(r'failed \(exitcode: -9\) local_rank: \d', log), log[-5000:]
     assert 'resumed epoch: 0, iter: 4' in log, log[-5000:]
     got = read_checkpoint(str(work / 'iter_6.pth'))['state_dict']
-    differ = [k for k in want if not torch.equal(got[k], want[k])]
-    assert not differ, f'{len(differ)} of {len(want)} tensors differ, e.g. {differ[:3]}'
+    _assert_same_weights(got, want)
 
 
 def test_a_worker_killed_while_rank0_writes_a_checkpoint(uninterrupted, shapes, tmp_path):
@@ -376,8 +379,7 @@ def test_a_worker_killed_while_rank0_writes_a_checkpoint(uninterrupted, shapes, 
     assert re.search(r'failed \(exitcode: -9\) local_rank: 1', log), log[-5000:]
     assert 'resumed epoch: 0, iter: 2' in log and 'resumed epoch: 0, iter: 4' not in log
     got = read_checkpoint(str(work / 'iter_6.pth'))['state_dict']
-    differ = [k for k in want if not torch.equal(got[k], want[k])]
-    assert not differ, f'{len(differ)} of {len(want)} tensors differ, e.g. {differ[:3]}'
+    _assert_same_weights(got, want)
 
 
 @needs_cpu_fsdp

@@ -46,21 +46,27 @@ class RankDumpHook(Hook):
 
 @HOOKS.register_module()
 class KillPointHook(Hook):
-    """On a torchrun job's first attempt (``TORCHELASTIC_RESTART_COUNT`` 0): every rank writes its
-    pid to ``work_dir/rank<r>.pid`` before training; rank ``rank`` writes ``work_dir/hang`` after
-    iteration ``after_iter`` (1-based) and hangs there, for the test to kill a worker."""
+    """Once per work dir: every rank writes its pid to ``work_dir/rank<r>.pid`` before training;
+    rank ``rank`` writes ``work_dir/hang`` after iteration ``after_iter`` (1-based) and hangs there,
+    for the test to kill a worker. Once ``hang`` exists it does nothing: a restarted group must not
+    hang again. (``TORCHELASTIC_RESTART_COUNT`` cannot tell: on two nodes the agent whose worker
+    survived restarts its group for the new membership without counting a restart, and the
+    rendezvous may give that worker rank 1.)"""
     priority = 'HIGHEST'  # before the checkpoint hook of that iteration
 
     def __init__(self, rank: int = 1, after_iter: int = 0) -> None:
         self.rank, self.after_iter = rank, after_iter
-        self.first = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') == '0'
+
+    def _first(self, runner) -> bool:
+        return not osp.exists(osp.join(runner.work_dir, 'hang'))
 
     def before_train(self, runner) -> None:
-        if self.first:
+        if self._first(runner):
             with open(osp.join(runner.work_dir, f'rank{runner.rank}.pid'), 'w') as f:
                 f.write(str(os.getpid()))
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        if self.first and runner.rank == self.rank and runner.iter + 1 == self.after_iter:
+        if (runner.rank == self.rank and runner.iter + 1 == self.after_iter
+                and self._first(runner)):
             open(osp.join(runner.work_dir, 'hang'), 'w').close()
             time.sleep(600)

@@ -18,6 +18,9 @@ MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
 DIR=$(dirname "$0")
 if [ "$NNODES" -gt 1 ] && [ -z "${NODE_RANK:-}" ]; then
   RDZV=(--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$PORT" --rdzv-id="${RDZV_ID:-deepvit_mm}")
+  # a fresh store for each rendezvous round: in the store torchrun shares across rounds a restarted
+  # group finds the failed group's keys (or, when node ranks change, two stores) and hangs
+  export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
 else
   RDZV=(--node_rank="${NODE_RANK:-0}" --master_addr="$MASTER_ADDR" --master_port="$PORT")
 fi

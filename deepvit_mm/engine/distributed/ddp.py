@@ -112,11 +112,20 @@ def _attempt_store(timeout=None) -> dict:
     the group meets in the agent's store again, which still holds the failed group's keys; gloo
     would read the dead workers' addresses from them and wait on those connections for ever. The
     keys of each attempt get their own prefix (every worker of one agent has its restart count).
-    Elsewhere {} (``env://``): on several nodes an agent whose workers did not fail restarts them
-    without counting, so the counts differ; a two-node restart through torchrun's c10d
-    rendezvous is tested as it is (tests of elastic restarts: docs/training.md)."""
+    Elsewhere {} (``env://``). On several nodes the restart counts differ (an agent whose workers
+    did not fail restarts them without counting), so no prefix can be agreed on: the restarts need
+    a fresh store each round (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, as tools/dist_train.sh
+    sets), and a run that may restart without one is warned."""
     attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT')
-    if attempt is None or os.environ.get('GROUP_WORLD_SIZE', '1') != '1':
+    if attempt is None:
+        return {}
+    if os.environ.get('GROUP_WORLD_SIZE', '1') != '1':
+        if (os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
+                and os.environ.get('TORCHELASTIC_MAX_RESTARTS', '0') != '0'):
+            print_log('torchrun shares its rendezvous store across restarts of a group on '
+                      'several nodes: a restarted group hangs in it. Set '
+                      'TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun (tools/dist_train.sh '
+                      'does).', logger='current', level=30)
         return {}
     store, rank, world_size = next(dist.rendezvous(
         'env://', timeout=timeout or datetime.timedelta(minutes=30)))

@@ -359,6 +359,7 @@ def test_a_killed_worker_restarts_the_group_and_ends_bit_identical(uninterrupted
     # torchrun saw the kill, and the restarted group resumed (the first try had no checkpoint)
     assert re.search(r'failed \(exitcode: -9\) local_rank: \d', log), log[-5000:]
     assert 'resumed epoch: 0, iter: 4' in log, log[-5000:]
+    assert 'shares its rendezvous store' not in log  # dist_train.sh asked for a store a round
     got = read_checkpoint(str(work / 'iter_6.pth'))['state_dict']
     _assert_same_weights(got, want)
 
@@ -504,6 +505,25 @@ def test_setup_cpu_distributed(monkeypatch):
     assert 'model_wrapper_cfg' not in single
     with pytest.raises(RuntimeError, match='torchrun'):
         setup_cpu_distributed(Config(dict(launcher='mpi')))
+
+
+@pytest.mark.parametrize('shared, restarts, warned', [('True', '2', True), ('False', '2', False),
+                                                      ('True', '0', False)])
+def test_a_multi_node_run_that_could_hang_on_restart_is_warned(monkeypatch, shared, restarts,
+                                                               warned):
+    """Several nodes, torchrun sharing its rendezvous store across rounds, restarts allowed: a
+    restarted group would hang (the elastic-restart test on 2 nodes did), so the run says how to
+    avoid it; one node gets its own keys per attempt, without a word."""
+    from deepvit_mm.engine.distributed import ddp
+    said = []
+    monkeypatch.setattr(ddp, 'print_log', lambda msg, **kw: said.append(msg))
+    monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '0')
+    monkeypatch.setenv('TORCHELASTIC_USE_AGENT_STORE', shared)
+    monkeypatch.setenv('TORCHELASTIC_MAX_RESTARTS', restarts)
+    monkeypatch.setenv('GROUP_WORLD_SIZE', '2')
+    assert ddp._attempt_store() == {}
+    assert bool(said) == warned
+    assert all('TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1' in m for m in said)
 
 
 def test_slurm_on_cpu_refuses_without_slurms_environment(monkeypatch, tmp_path):

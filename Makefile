@@ -35,8 +35,13 @@ lint: setup
 AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 AVX2_TESTS ?= -m numerics
 
+# TEST_WORKERS: pytest-xdist processes, each taking whole test files (their module fixtures run
+# once). Many tests wait on a tool's start-up (imports, one thread), so 2 processes on 2 cores ran
+# tests/tools and tests/checkpoints in 367 s against 579 s (docs/install.md#running-the-tests).
+TEST_WORKERS ?= 2
+
 test: setup lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 tests
 	$(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests
 
 # The tests that start no tool, training or second process (markers `slow`, `distributed`).

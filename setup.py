@@ -126,8 +126,9 @@ setup(
         # ONNX export (torch.onnx's exporter needs onnxscript) and ONNX Runtime
         'deploy': ['onnx', 'onnxruntime', 'onnxscript'],
         # tests/tools/test_zoo.py runs mim and checks the FLOPs against fvcore's count;
-        # tools/train.py and tools/test.py --vis-backend tensorboard
-        'tests': ['pytest', 'ruff', 'openmim', 'opendatalab<0.0.10', 'fvcore', 'tensorboard'],
+        # tools/train.py and tools/test.py --vis-backend tensorboard; pytest-xdist: `make test`
+        # runs the test files on 2 processes
+        'tests': ['pytest', 'pytest-xdist', 'ruff', 'openmim', 'opendatalab<0.0.10', 'fvcore', 'tensorboard'],
     },
     license='Apache-2.0',
 )

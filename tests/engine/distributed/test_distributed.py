@@ -288,28 +288,27 @@ def test_fsdp_clips_by_the_norm_of_the_whole_gradient(one_node, shapes, tmp_path
     assert abs(theirs[0] - ddp[0]) > 0.05 * ddp[0]
 
 
-@pytest.mark.parametrize('sharded_run', [False, pytest.param(True, marks=needs_cpu_fsdp)],
-                         ids=['ddp', 'fsdp'])
+@needs_cpu_fsdp
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_two_process_run_resumes_bit_identical(shapes, tmp_path, sharded_run):
-    """--resume of a 2-process run (DDP, or FSDP from its whole checkpoint) after step 2 ends
-    where the uninterrupted run did: each process gets its own RNG state back (RNGStateHook), and
-    with the optimizer's parts where they belong (GlobalNormFSDPStrategy). Augmentation runs in a
-    dataloader worker, as RNGStateHook asks."""
+def test_a_sharded_run_resumes_bit_identical(shapes, tmp_path):
+    """--resume of an FSDP run from its whole checkpoint after step 2 ends where the uninterrupted
+    run did, with the optimizer's parts where they belong (GlobalNormFSDPStrategy) and each
+    process's own RNG state (RNGStateHook). (DDP runs resume in the elastic-restart tests.)"""
     options = ('train_dataloader.num_workers=1', 'default_hooks.checkpoint.interval=2',
                'default_hooks.checkpoint.max_keep_ckpts=2')
-    work, _ = _dist_train(shapes, tmp_path / 'whole', 'torchrun', sharded=sharded_run,
-                          options=options)
-    resumed, log = _dist_train(shapes, tmp_path / 'resumed', 'torchrun', sharded=sharded_run,
+    work, _ = _dist_train(shapes, tmp_path / 'whole', 'torchrun', sharded=True, options=options)
+    resumed, log = _dist_train(shapes, tmp_path / 'resumed', 'torchrun', sharded=True,
                                options=options + ('resume=True',
                                                   f'load_from={work / "iter_2.pth"}'))
     assert 'resumed epoch: 0, iter: 2' in log
-    got, want = _saved(resumed), _saved(work)
-    _assert_same_weights(got, want)
-    ranks = read_checkpoint(str(work / 'iter_2.pth'))['rng_state']['ranks']
-    assert len(ranks) == 2 and not torch.equal(ranks[0]['torch'], ranks[1]['torch'])
+    _assert_same_weights(_saved(resumed), _saved(work))
+    _assert_own_rng_states(work / 'iter_2.pth')
 
+
+def _assert_own_rng_states(ckpt) -> None:
+    ranks = read_checkpoint(str(ckpt))['rng_state']['ranks']
+    assert len(ranks) == 2 and not torch.equal(ranks[0]['torch'], ranks[1]['torch'])
 
 
 # ------------------------------------------------------------------------------ elastic restart
@@ -319,13 +318,14 @@ ELASTIC = ('train_dataloader.num_workers=1', 'default_hooks.checkpoint.interval=
            'param_scheduler.1.end=6')
 
 
-@pytest.fixture(scope='module', params=[False, pytest.param(True, marks=needs_cpu_fsdp)],
-                ids=['ddp', 'fsdp'])
-def uninterrupted(request, shapes, tmp_path_factory):
-    """The weights after 6 steps of a 2-process run that nothing interrupts."""
+@pytest.fixture(scope='module')
+def uninterrupted(shapes, tmp_path_factory):
+    """The weights after 6 steps of a 2-process DDP run that nothing interrupts. (The restart is
+    torchrun's and the resume the checkpoint's: an FSDP run restarts as DDP does, and resumes as
+    test_a_sharded_run_resumes_bit_identical checks.)"""
     work, _ = _dist_train(shapes, tmp_path_factory.mktemp('uninterrupted'), 'torchrun',
-                          sharded=request.param, options=ELASTIC)
-    return request.param, read_checkpoint(str(work / 'iter_6.pth'))['state_dict']
+                          options=ELASTIC)
+    return read_checkpoint(str(work / 'iter_6.pth'))['state_dict']
 
 
 def _kill_rank1_once(marker: str):
@@ -343,16 +343,15 @@ def _kill_rank1_once(marker: str):
 
 
 @pytest.mark.parametrize('launch', ['torchrun', 'nodes'])
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_a_killed_worker_restarts_the_group_and_ends_bit_identical(uninterrupted, shapes,
                                                                    tmp_path, launch):
     """kill -9 of rank 1 after step 5 of 6 (tools/dist_train.sh with MAX_RESTARTS and --resume;
     ``nodes``: two torchrun agents, one worker each, at a c10d rendezvous): torchrun restarts
     the group, which resumes from step 4's checkpoint and ends with the uninterrupted run's
     weights, bit for bit."""
-    sharded, want = uninterrupted
-    if sharded and launch == 'nodes':
-        pytest.skip('FSDP restarts as DDP does; on two nodes once, with DDP')
-    work, log = _dist_train(shapes, tmp_path, launch, sharded=sharded, options=ELASTIC,
+    work, log = _dist_train(shapes, tmp_path, launch, options=ELASTIC,
                             hooks=["dict(type='KillPointHook', rank=1, after_iter=5)"],
                             args=('--resume',), env_more=dict(MAX_RESTARTS='2'),
                             while_running=_kill_rank1_once('hang'))
@@ -360,17 +359,16 @@ def test_a_killed_worker_restarts_the_group_and_ends_bit_identical(uninterrupted
     assert re.search(r'failed \(exitcode: -9\) local_rank: \d', log), log[-5000:]
     assert 'resumed epoch: 0, iter: 4' in log, log[-5000:]
     assert 'shares its rendezvous store' not in log  # dist_train.sh asked for a store a round
-    got = read_checkpoint(str(work / 'iter_6.pth'))['state_dict']
-    _assert_same_weights(got, want)
+    _assert_same_weights(read_checkpoint(str(work / 'iter_6.pth'))['state_dict'], uninterrupted)
+    _assert_own_rng_states(work / 'iter_4.pth')
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_a_worker_killed_while_rank0_writes_a_checkpoint(uninterrupted, shapes, tmp_path):
     """Rank 1 killed while rank 0 writes step 4's checkpoint (half written, then the restart
     stops rank 0): the group resumes from step 2's, the newest complete one, and ends with the
     uninterrupted run's weights."""
-    sharded, want = uninterrupted
-    if sharded:
-        pytest.skip('the checkpoint write is the same code under FSDP: once, with DDP')
     saving = tmp_path / 'work' / 'saving'
     work, log = _dist_train(shapes, tmp_path, 'torchrun', options=ELASTIC, imports=['slow_save'],
                             hooks=["dict(type='KillPointHook')"], args=('--resume',),
@@ -379,8 +377,7 @@ def test_a_worker_killed_while_rank0_writes_a_checkpoint(uninterrupted, shapes, 
                             while_running=_kill_rank1_once('saving'))
     assert re.search(r'failed \(exitcode: -9\) local_rank: 1', log), log[-5000:]
     assert 'resumed epoch: 0, iter: 2' in log and 'resumed epoch: 0, iter: 4' not in log
-    got = read_checkpoint(str(work / 'iter_6.pth'))['state_dict']
-    _assert_same_weights(got, want)
+    _assert_same_weights(read_checkpoint(str(work / 'iter_6.pth'))['state_dict'], uninterrupted)
 
 
 @needs_cpu_fsdp

@@ -50,32 +50,19 @@ def _losses(work_dir):
     return [(r['iter'], r['loss']) for r in rows if 'loss' in r]
 
 
-@pytest.mark.slow
-def test_sigkill_then_resume_equals_uninterrupted_run(shapes, tmp_path):
-    ref, crash = tmp_path / 'ref', tmp_path / 'crash'
+@pytest.fixture(scope='module')
+def reference(shapes, tmp_path_factory):
+    """12 steps that nothing interrupts, a checkpoint every 4."""
+    ref = tmp_path_factory.mktemp('reference')
     _run(_train_cmd(shapes, ref, 12, 4))
-
-    proc = subprocess.Popen(_train_cmd(shapes, crash, 12, 4), cwd=ROOT, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    _kill_when(proc, (crash / 'iter_4.pth').exists, 'it could be killed')
-    assert not (crash / 'iter_12.pth').exists()
-
-    out = _run(_train_cmd(shapes, crash, 12, 4, '--resume'))
-    assert 'resumed epoch: 0, iter: ' in out.stdout + out.stderr
-    want, got = _weights(ref / 'iter_12.pth'), _weights(crash / 'iter_12.pth')
-    assert want.keys() == got.keys()
-    diff = [k for k in want if not torch.equal(want[k], got[k])]
-    assert not diff, f'{len(diff)} tensors differ, e.g. {diff[:3]}'
+    return ref
 
 
 @pytest.mark.slow
-def test_same_seed_same_losses(shapes, tmp_path):
-    a, b = tmp_path / 'a', tmp_path / 'b'
-    _run(_train_cmd(shapes, a, 20, 100))
-    _run(_train_cmd(shapes, b, 20, 100))
-    la, lb = _losses(a), _losses(b)
-    assert len(la) == 20 and la == lb
+def test_same_seed_same_losses(reference, shapes, tmp_path):
+    _run(_train_cmd(shapes, tmp_path, 12, 4))
+    la, lb = _losses(reference), _losses(tmp_path)
+    assert len(la) == 12 and la == lb
 
 
 def _kill_when(proc, done, what):
@@ -88,13 +75,12 @@ def _kill_when(proc, done, what):
 
 
 @pytest.mark.slow
-def test_kill_during_a_checkpoint_write_loses_nothing_complete(shapes, tmp_path):
-    """With max_keep_ckpts=1, a run killed while it writes iter_8 keeps iter_4 (mmengine's own
-    hook deletes it first), resumes from it, leaves no temp file and ends bit-identical to an
-    uninterrupted run."""
-    ref, crash = tmp_path / 'ref', tmp_path / 'crash'
+def test_kill_during_a_checkpoint_write_loses_nothing_complete(reference, shapes, tmp_path):
+    """With max_keep_ckpts=1, a run killed (SIGKILL) while it writes iter_8 keeps iter_4
+    (mmengine's own hook deletes it first), resumes from it, leaves no temp file and ends
+    bit-identical to an uninterrupted run."""
+    crash = tmp_path / 'crash'
     keep1 = ['default_hooks.checkpoint.max_keep_ckpts=1']
-    _run(_train_cmd(shapes, ref, 12, 4, opts=keep1))
     marker = tmp_path / 'writing'
     env = dict(ENV, PYTHONPATH=TESTS,
                SLOW_SAVE_MATCH='iter_8.pth', SLOW_SAVE_MARKER=str(marker))
@@ -112,7 +98,8 @@ def test_kill_during_a_checkpoint_write_loses_nothing_complete(shapes, tmp_path)
     log = out.stdout + out.stderr
     assert 'resumed epoch: 0, iter: 4' in log and 'removed iter_8.pth.tmp' in log
     assert saved() == ['iter_12.pth', 'last_checkpoint']
-    want, got = _weights(ref / 'iter_12.pth'), _weights(crash / 'iter_12.pth')
+    want, got = _weights(reference / 'iter_12.pth'), _weights(crash / 'iter_12.pth')
+    assert want.keys() == got.keys()
     diff = [k for k in want if not torch.equal(want[k], got[k])]
     assert not diff, f'{len(diff)} tensors differ, e.g. {diff[:3]}'
 

@@ -295,6 +295,38 @@ def test_mim_search_lists_every_recipe(installed, tmp_path):
         'mask_rcnn_xcit_m24_8_3x']
 
 
+def _installed_editable() -> bool:
+    """pip installed deepvit_mm editable (its record in site-packages; the checkout's own
+    egg-info, first on sys.path in the tests, says nothing of how)."""
+    from importlib.metadata import distributions
+    return any(json.loads(d.read_text('direct_url.json') or '{}').get('dir_info', {}).get('editable')
+               for d in distributions(name='deepvit_mm'))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _installed_editable(), reason='deepvit_mm is not installed editable here')
+def test_mim_finds_an_editable_install_through_the_checkout(tmp_path):
+    """docs/install.md: mim looks for a package's files beside its metadata; an editable install
+    (``make setup``) has its metadata in site-packages and its files in the checkout, whose
+    ``deepvit_mm.egg-info`` mim finds first when the checkout is on ``sys.path``. The ``mim``
+    command alone does not find them."""
+    mim = [os.path.join(os.path.dirname(sys.executable), 'mim'), 'search', 'deepvit_mm']
+    env = {k: v for k, v in ENV.items() if k != 'PYTHONPATH'}
+    runs = {'python -m mim, in the checkout': subprocess.run(
+                [sys.executable, '-m', 'mim', *mim[1:]], cwd=ROOT, env=env, capture_output=True,
+                text=True, timeout=300),
+            'PYTHONPATH=<checkout> mim': subprocess.run(
+                mim, cwd=tmp_path, env=dict(env, PYTHONPATH=ROOT), capture_output=True,
+                text=True, timeout=300)}
+    for how, run in runs.items():
+        assert run.returncode == 0, (how, run.stderr[-2000:])
+        listed = re.findall(r'^config id: (\S+)$', run.stdout, flags=re.M)
+        assert sorted(listed) == sorted(_stem(c) for c in RECIPES), how
+    alone = subprocess.run(mim, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert alone.returncode != 0 and 'model-index.yml' in alone.stdout + alone.stderr
+
+
 @pytest.mark.slow
 def test_mmengine_get_config_takes_the_metafile_weights(installed, tmp_path):
     code = ("import deepvit_mm\nfrom mmengine.hub import get_config\n"

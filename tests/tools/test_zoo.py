@@ -296,11 +296,16 @@ def test_mim_search_lists_every_recipe(installed, tmp_path):
 
 
 def _installed_editable() -> bool:
-    """pip installed deepvit_mm editable (its record in site-packages; the checkout's own
+    """pip installed this checkout editable (its record in site-packages; the checkout's own
     egg-info, first on sys.path in the tests, says nothing of how)."""
     from importlib.metadata import distributions
-    return any(json.loads(d.read_text('direct_url.json') or '{}').get('dir_info', {}).get('editable')
-               for d in distributions(name='deepvit_mm'))
+    from pathlib import Path
+    for d in distributions(name='deepvit_mm'):
+        record = json.loads(d.read_text('direct_url.json') or '{}')
+        if (record.get('dir_info', {}).get('editable')
+                and record.get('url') == Path(ROOT).resolve().as_uri()):
+            return True
+    return False
 
 
 @pytest.mark.slow

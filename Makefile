@@ -37,7 +37,7 @@ AVX2_TESTS ?= -m numerics
 
 # TEST_WORKERS: pytest-xdist processes, each taking whole test files (their module fixtures run
 # once). Many tests wait on a tool's start-up (imports, one thread), so 2 processes on 2 cores ran
-# tests/tools and tests/checkpoints in 367 s against 579 s (docs/install.md#running-the-tests).
+# tests/tools and tests/checkpoints in 367 s against 579 s (docs/install.md#tests).
 TEST_WORKERS ?= 2
 
 test: setup lint

@@ -14,7 +14,10 @@ One idea per module:
   data preprocessor;
 * ``baselines``: what ours is compared with (timm's ``forward_intermediates``, the GEMM floor);
 * ``measure``: ``Case`` -> latency, throughput, memory (here or isolated);
-* ``compare``: our backbone against the baselines, interleaved call by call;
+* ``compare``: our backbone against the baselines, interleaved call by call (eager and under
+  ``torch.compile``);
+* ``roofline``: a pass's FLOPs and bytes operator by operator, against the device's GEMM rate and
+  copy bandwidth measured in the same run;
 * ``config_runs``: one training step of a config's model; a checkpoint's evaluation
   (``tools/test.py``'s);
 * ``breakdown``: a backbone's pass by kind of work, each against its own floor;
@@ -40,6 +43,7 @@ from .report import (
     size_str,
     write_report,
 )
+from .roofline import device_rates, pass_cost, roofline
 from .step import profile_train_step, step_markdown
 from .suite import compare_grid, measure_grid
 
@@ -51,4 +55,4 @@ __all__ = ['BASELINES', 'GemmFloor', 'TimmBaseline', 'backbone_input', 'syntheti
            'build_from_config', 'is_config', 'load_config', 'environment', 'fmt',
            'markdown_table', 'size_str', 'write_report', 'compare_grid', 'measure_grid',
            'profile_train_step', 'step_markdown',
-           'op_breakdown', 'breakdown_markdown']
+           'op_breakdown', 'breakdown_markdown', 'pass_cost', 'device_rates', 'roofline']

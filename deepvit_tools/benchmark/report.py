@@ -140,6 +140,49 @@ def _comparison_rows(comparisons: List[dict]) -> List[str]:
             *markdown_table(header, body), '', note, '']
 
 
+def _impl_rows(comparisons: List[dict]) -> List[str]:
+    """Per model and mode, each implementation timed (eager and compiled): its time, first
+    call, peak memory, compiled / eager and time / roofline, where ``compare`` measured them."""
+    done = [c for c in comparisons if c.get('compiled') or c.get('rates')]
+    if not done:
+        return []
+    body = []
+    for c in done:
+        for key in _compare_keys([c]):
+            v = c[key]
+            impls = [k[:-3] for k in v if k.endswith('_ms') and f'{k[:-3]}_first_ms' in v
+                     or k[:-3] + '_roofline_ms' in v or k[:-3] + '_vs_roofline' in v]
+            for impl in dict.fromkeys(impls):
+                base = impl[:-len('_compiled')] if impl.endswith('_compiled') else impl
+                roof = v.get(f'{base}_roofline_ms')
+                body.append([c['label'], size_str(c['size']), c['batch'], key.replace('_', ' '),
+                             impl.replace('_', ' '), fmt(v.get(f'{impl}_ms'), 2),
+                             fmt(v.get(f'{impl}_first_ms'), 0),
+                             fmt(v.get(f'{impl}_mem_mib'), 0),
+                             f'{v[f"{impl}_vs_eager"]:.3f}' if f'{impl}_vs_eager' in v else '–',
+                             (f'{fmt(roof, 2)} ({fmt(v.get(f"{base}_compute_ms"), 2)} / '
+                              f'{fmt(v.get(f"{base}_memory_ms"), 2)})') if roof else '–',
+                             (f'{fmt(v.get(f"{base}_gflop"), 1)} / '
+                              f'{fmt(v.get(f"{base}_gbyte"), 2)}') if roof else '–',
+                             f'{v[f"{impl}_vs_roofline"]:.2f}' if f'{impl}_vs_roofline' in v
+                             else '–'])
+    header = ['model', 'input', 'batch', 'pass', 'implementation', 'ms (median)',
+              'first call ms', 'peak MiB', 'compiled / eager',
+              'roofline ms (compute / memory)', 'GFLOP / GB', 'time / roofline']
+    rates = [f"{c['label']} {size_str(c['size'])}: " + ', '.join(
+        f'{k.replace("_tflops", "")} GEMM {v:.1f} TFLOP/s' if k.endswith('_tflops')
+        else f'copy {v:.2f} TB/s' for k, v in c['rates'].items()) for c in done if c.get('rates')]
+    note = ('compiled: torch.compile (default mode); first call: the first call in that pass and '
+            'dtype (a compiled model compiles then). Roofline: the eager pass\'s operators, each '
+            'at the larger of its FLOPs at the GEMM rate of its dtype and its bytes read and '
+            'written at the copy bandwidth, summed (compute: all FLOPs at the GEMM rate; memory: '
+            'all bytes at the copy bandwidth); a compiled model is held against its eager '
+            "model's roofline, which fusion can go below. Rates measured in the same run: "
+            + '; '.join(rates) + '.')
+    return ['## Implementations: eager and compiled, against the roofline', '',
+            *markdown_table(header, body), '', note, '']
+
+
 def benchmark_markdown(rows: List[dict], comparisons: List[dict], metrics: Optional[dict],
                        command: str, env: Dict[str, str]) -> str:
     """``benchmark.md``: the command, the environment, the measurements, the comparisons and
@@ -150,6 +193,7 @@ def benchmark_markdown(rows: List[dict], comparisons: List[dict], metrics: Optio
         lines += _measurement_rows(rows)
     if comparisons:
         lines += _comparison_rows(comparisons)
+        lines += _impl_rows(comparisons)
     if metrics:
         lines += ['## Accuracy (single-scale)', '',
                   *markdown_table(['metric', 'value'],

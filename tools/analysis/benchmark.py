@@ -81,6 +81,15 @@ def parse_args(argv=None):
                         'arch and size by kind of work (matrix products, convolutions, GELU, '
                         'normalisation, copies...), each against its own floor measured in the '
                         'same process (deepvit_tools/benchmark/breakdown.py)')
+    p.add_argument('--compile', action='store_true',
+                   help='with --compare-timm: also time ours and timm under torch.compile '
+                        '(default mode), interleaved with the eager ones: compiled / eager, the '
+                        'first call (compilation) of each, peak memory, error against ours')
+    p.add_argument('--roofline', action='store_true',
+                   help="with --compare-timm: also count each pass's FLOPs and bytes operator "
+                        "by operator and hold its time against this device's roofline (GEMM "
+                        'rate and copy bandwidth measured in the same run; '
+                        'deepvit_tools/benchmark/roofline.py)')
     p.add_argument('--compare-only', action='store_true',
                    help='with --compare-timm: only the comparison, not the per-model table')
     p.add_argument('--checkpoint', help='with --config: evaluate this checkpoint on the '
@@ -110,8 +119,9 @@ def parse_args(argv=None):
         p.error('--compare-timm compares backbones: give --arch')
     if args.compare_only and not args.compare_timm:
         p.error('--compare-only goes with --compare-timm')
-    if args.compare_floor and not args.compare_timm:
-        p.error('--compare-floor goes with --compare-timm')
+    for flag in ('compare_floor', 'compile', 'roofline'):
+        if getattr(args, flag) and not args.compare_timm:
+            p.error(f'--{flag.replace("_", "-")} goes with --compare-timm')
     if args.breakdown and not args.arch:
         p.error('--breakdown profiles backbones: give --arch')
     if args.batch < 1 or args.repeats < 0 or args.warmup < 0:
@@ -133,8 +143,9 @@ def command_line(args) -> str:
         parts.append('--compare-timm')
     if args.compare_floor:
         parts.append('--compare-floor')
-    if args.compare_only:
-        parts.append('--compare-only')
+    for flag in ('compile', 'roofline', 'compare_only'):
+        if getattr(args, flag):
+            parts.append(f'--{flag.replace("_", "-")}')
     if args.breakdown:
         parts.append('--breakdown')
     if args.checkpoint:
@@ -175,6 +186,7 @@ def main(argv=None):
         comparisons = bm.compare_grid(
             args.arch, sizes, args.dtypes, args.passes,
             baselines=('timm', 'floor') if args.compare_floor else ('timm',), log=log,
+            compile=args.compile, roofline=args.roofline,
             backbone_kwargs=dict(args.cfg_options or {}), **settings)
     metrics = None
     if args.checkpoint:

@@ -319,7 +319,11 @@ def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
         b2 = (mlp.fc2.bias * blk.gamma2).to(mm_dtype)
         for g in groups:
             for s in steps:
-                r = torch.addcmul(out[g, s], blk.gamma3, z[g, s], out=out[g, s]).view(-1, C)
+                torch.addcmul(out[g, s], blk.gamma3, z[g, s], out=out[g, s])
+                # a view of `out` itself, not of the op's return value: under torch.compile that
+                # value takes z's layout (inductor's convolutions may return z token-strided),
+                # which no view flattens (H100, torch 2.11: "Cannot view a tensor ... as (N, C)")
+                r = out[g, s].view(-1, C)
                 if whole:  # consumed: freed before the MLP's 4C-wide hidden layer
                     del z
                 hid = mlp.act(torch.addmm(b1, blk.norm2(r).to(mm_dtype), w1t))

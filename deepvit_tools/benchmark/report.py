@@ -155,6 +155,9 @@ def _impl_rows(comparisons: List[dict]) -> List[str]:
             for impl in dict.fromkeys(impls):
                 base = impl[:-len('_compiled')] if impl.endswith('_compiled') else impl
                 roof = v.get(f'{base}_roofline_ms')
+                dtype = key.split('_')[1]
+                err = c.get(f'{impl}_{"" if dtype == "fp32" else dtype + "_"}max_rel_err') \
+                    if impl != base and key.startswith('fwd') else None  # checked in inference
                 body.append([c['label'], size_str(c['size']), c['batch'], key.replace('_', ' '),
                              impl.replace('_', ' '), fmt(v.get(f'{impl}_ms'), 2),
                              fmt(v.get(f'{impl}_first_ms'), 0),
@@ -165,10 +168,11 @@ def _impl_rows(comparisons: List[dict]) -> List[str]:
                              (f'{fmt(v.get(f"{base}_gflop"), 1)} / '
                               f'{fmt(v.get(f"{base}_gbyte"), 2)}') if roof else '–',
                              f'{v[f"{impl}_vs_roofline"]:.2f}' if f'{impl}_vs_roofline' in v
-                             else '–'])
+                             else '–', f'{err:.2e}' if err is not None else '–'])
     header = ['model', 'input', 'batch', 'pass', 'implementation', 'ms (median)',
               'first call ms', 'peak MiB', 'compiled / eager',
-              'roofline ms (compute / memory)', 'GFLOP / GB', 'time / roofline']
+              'roofline ms (compute / memory)', 'GFLOP / GB', 'time / roofline',
+              'max rel err vs eager']
     rates = [f"{c['label']} {size_str(c['size'])}: " + ', '.join(
         f'{k.replace("_tflops", "")} GEMM {v:.1f} TFLOP/s' if k.endswith('_tflops')
         else f'copy {v:.2f} TB/s' for k, v in c['rates'].items()) for c in done if c.get('rates')]

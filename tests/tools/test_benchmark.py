@@ -291,8 +291,8 @@ def test_write_report_rows_tables_and_files(tmp_path):
 
 def test_write_report_implementations_against_the_roofline(tmp_path):
     cmp = [dict(label='a', size=(64, 64), batch=2, baselines=['timm'], compiled=True,
-                rates=dict(fp32_tflops=50.0, copy_tbs=2.5),
-                train_fp32=dict(ours_ms=30.0, timm_ms=40.0, ratio=0.75, ours_compiled_ms=15.0,
+                rates=dict(fp32_tflops=50.0, copy_tbs=2.5), ours_compiled_max_rel_err=2e-7,
+                fwd_fp32=dict(ours_ms=30.0, timm_ms=40.0, ratio=0.75, ours_compiled_ms=15.0,
                                 ours_first_ms=31.0, ours_compiled_first_ms=9000.0,
                                 ours_compiled_vs_eager=0.5, ours_roofline_ms=10.0,
                                 ours_compute_ms=2.0, ours_memory_ms=9.0, ours_gflop=100.0,
@@ -300,10 +300,14 @@ def test_write_report_implementations_against_the_roofline(tmp_path):
                                 ours_compiled_vs_roofline=1.5))]
     md = open(bm.write_report(str(tmp_path), [], cmp, None, 'python x', {})['md']).read()
     lines = md.splitlines()
-    assert '| a | 64x64 | 2 | train fp32 | ours | 30.00 | 31 | - | – | 10.00 (2.00 / 9.00) | ' \
-        '100.0 / 22.50 | 3.00 |' in lines
+    assert '| a | 64x64 | 2 | fwd fp32 | ours | 30.00 | 31 | - | – | 10.00 (2.00 / 9.00) | ' \
+        '100.0 / 22.50 | 3.00 | – |' in lines
+    assert '| a | 64x64 | 2 | fwd fp32 | ours compiled | 15.00 | 9000 | - | 0.500 | ' \
+        '10.00 (2.00 / 9.00) | 100.0 / 22.50 | 1.50 | 2.00e-07 |' in lines
+    cmp[0]['train_fp32'] = cmp[0].pop('fwd_fp32')  # the error is of inference: not shown here
+    md = open(bm.write_report(str(tmp_path), [], cmp, None, 'python x', {})['md']).read()
     assert '| a | 64x64 | 2 | train fp32 | ours compiled | 15.00 | 9000 | - | 0.500 | ' \
-        '10.00 (2.00 / 9.00) | 100.0 / 22.50 | 1.50 |' in lines
+        '10.00 (2.00 / 9.00) | 100.0 / 22.50 | 1.50 | – |' in md.splitlines()
     assert 'a 64x64: fp32 GEMM 50.0 TFLOP/s, copy 2.50 TB/s' in md
 
 

@@ -344,11 +344,17 @@ def test_mmengine_get_config_takes_the_metafile_weights(installed, tmp_path):
         'https://dl.fbaipublicfiles.com/xcit/ade/upernet_xcit_small_12_p16.pth', 'small_12_p16']
 
 
+@pytest.mark.parametrize('install', [
+    'wheel',
+    pytest.param('editable', marks=pytest.mark.skipif(
+        not _installed_editable(), reason='deepvit_mm is not installed editable here'))])
 @pytest.mark.slow
-def test_mim_train_and_test_run_the_tools(installed, tmp_path):
+def test_mim_train_and_test_run_the_tools(install, request, tmp_path):
     """``mim train deepvit_mm CONFIG`` (by name: mim finds it in .mim) runs .mim/tools/train.py,
     here 2 iterations of the demo segmentor with a TensorBoard backend; ``mim test`` then
-    evaluates its checkpoint."""
+    evaluates its checkpoint. From the wheel, and from the editable install with the checkout on
+    the path (docs/install.md#mim)."""
+    installed = request.getfixturevalue('installed') if install == 'wheel' else ROOT
     from deepvit_tools.demo_data import make_ade_demo
     data = tmp_path / 'ade'
     make_ade_demo(str(data), num_train=2, num_val=2, size=128, seed=3)

@@ -5,13 +5,14 @@ autocast step can be faster than float32 or slower, depending on the CPU and the
 (docs/training.md#mixed-precision), without it bfloat16 is emulated; a second thread may be a
 second core or a hyperthread of the first, and competes with the data workers. A table of CPU
 names cannot say which: ``FastestStepHook`` measures it on the run's own iterations.
-After ``warmup`` iterations in the configured setting (a detector's heads get busier as its RPN
-starts to find objects), the next iterations cycle through the candidate settings, ``rounds`` times,
-each timed whole (forward, backward, optimizer step); from then on the run trains in the setting of
-the lowest median, and the log gives every time and the choice. Every ``recheck`` iterations one
-more iteration of each setting is timed and the choice made again from the medians of all the
-times so far, so that a disturbance during the first trial (another process on the cores for a
-few seconds) cannot fix a slower setting for the whole run.
+After ``warmup`` iterations in the configured setting (in float32 where the configured bfloat16 is
+emulated; a detector's heads get busier as its RPN starts to find objects), the next iterations
+cycle through the candidate settings, ``rounds`` times, each timed whole (forward, backward,
+optimizer step); from then on the run trains in the setting of the lowest median, and the log gives
+every time and the choice. Every ``recheck`` iterations one more iteration of each setting is timed
+and the choice made again from the medians of all the times so far, so that a disturbance during
+the first trial (another process on the cores for a few seconds) cannot fix a slower setting for
+the whole run.
 
 These are ordinary training iterations (nothing is run twice); only the precision of the few trial
 iterations differs from the rest. The choice is saved in the checkpoints and a resumed run keeps
@@ -117,6 +118,15 @@ class FastestStepHook(Hook):
             self._apply(wrapper, self.chosen)
             self._schedule(runner.iter + self.recheck, rounds=1)
             return
+        configured = ('bfloat16' if wrapper.autocast else 'float32', torch.get_num_threads())
+        if configured[0] not in {p for p, _ in self._candidates}:
+            # bfloat16 configured on a CPU that emulates it: the warm-up iterations run in a
+            # setting that is tried instead (emulated, a demo step took ~6x as long)
+            warm = max((c for c in self._candidates if c[0] == 'float32'), key=lambda c: c[1])
+            self._apply(wrapper, warm)
+            print_log(f'FastestStepHook: {configured[0]} is emulated on this CPU; the warm-up '
+                      f'iterations train in {warm[0]} with {warm[1]} thread(s).',
+                      logger='current')
         self._schedule(runner.iter + self.warmup, rounds=self.rounds)
 
     def _schedule(self, first: int, rounds: int) -> None:

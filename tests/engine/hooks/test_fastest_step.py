@@ -133,6 +133,32 @@ def test_bfloat16_is_no_candidate_without_native_support(monkeypatch):
     assert FastestStepHook(threads=[2]).candidates(wrapper) == [('float32', 2), ('bfloat16', 2)]
 
 
+@pytest.mark.parametrize('native', [False, True])
+def test_the_warmup_runs_in_a_setting_that_is_tried(native, monkeypatch):
+    """bfloat16 configured where it is emulated (no candidate): the warm-up iterations run in
+    float32 with the most threads tried, not in the emulated precision; where it is native, in the
+    configured setting."""
+    said = []
+    monkeypatch.setattr(fastest_step, 'print_log', lambda msg, **kwargs: said.append(msg))
+    monkeypatch.setattr(fastest_step, 'cpu_has_bfloat16', lambda: native)
+    model = torch.nn.Linear(2, 2)
+
+    class Runner:
+        optim_wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                           dtype='bfloat16')
+        iter = 0
+    Runner.model = model
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        FastestStepHook(threads=[1, 2]).before_train(Runner())
+        assert Runner.optim_wrapper.autocast is native
+        assert torch.get_num_threads() == (1 if native else 2)
+        assert bool(said) is not native and all('emulated' in m for m in said)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
 def test_bfloat16_is_not_native_on_avx2_kernels():
     """Capped at its AVX2 kernels (an AVX2-only CPU, or ATEN_CPU_CAPABILITY=avx2), torch emulates

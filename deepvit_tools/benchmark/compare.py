@@ -111,7 +111,15 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
         timed), for each baseline whose outputs must equal ours; and for each mode, keyed
         ``{pass}_{dtype}``: ``ours_ms`` and ``{name}_ms`` (medians), ``ratio`` (ours / timm) and
         ``ratio_{name}`` (ours / any other baseline), ``{impl}_mem_mib`` when ``memory`` (ours and
-        the baselines whose outputs equal ours).
+        the baselines whose outputs equal ours). With ``compile``: ``{name}_compiled_ms``,
+        ``{name}_compiled_vs_eager`` (compiled / eager), every model's ``{impl}_first_ms`` (its
+        first call in that mode: the compiled ones' compilation), and the compiled models' errors
+        against their eager models in the inference modes timed (``ours_compiled_max_rel_err``,
+        ``ours_compiled_bf16_max_rel_err``...; TF32 as timed). With ``roofline``: ``rates``
+        (``{dtype}_tflops``, ``copy_tbs``) and per mode ``{impl}_roofline_ms``,
+        ``{impl}_compute_ms``, ``{impl}_memory_ms``, ``{impl}_gflop``, ``{impl}_gbyte`` of the
+        eager models and ``{impl}_vs_roofline`` (time / roofline; a compiled model against its
+        eager model's roofline).
     """
     backbone_kwargs = dict(backbone_kwargs or {})
     device = str(device)

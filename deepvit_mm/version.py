@@ -65,6 +65,10 @@ LIMITS = {
 }
 # Why the range starts where it does, where more than "not tested" is known.
 FLOORS = {
+    'torch': 'torch 2.0 lacks what this package calls: torch.utils.checkpoint.'
+             'set_checkpoint_early_stop (with_cp=True, as the CaiT Mask R-CNN recipes train, fails), '
+             'torch.utils.flop_counter (the FLOPs tools) and torch.backends.cpu (the CPU precision '
+             'choice); measured with torch 2.0.1 and mmcv 2.0.1',
     'timm': 'timm before 1.0.16 ignores gradient checkpointing in XCiT\'s and CaiT\'s '
             'forward_intermediates, so with_cp=True would silently keep every activation',
 }

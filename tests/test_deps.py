@@ -67,7 +67,9 @@ def test_docs_tested_stacks_table_is_version_py():
     ('torch', '2.14.0rc1', 'torch 2.14.0rc1 is not supported (need >=2.1.0,<2.14.0; tested: 2.1.0 '
                            'and 2.13.0): torch 2.14 cannot build mmcv 2.1.0'),
     ('torch', '2.14.0.dev20260101+cpu', 'torch 2.14.0.dev20260101+cpu is not supported'),
-    ('torch', '2.0.1', 'torch 2.0.1 is not supported (need >=2.1.0,<2.14.0; tested: 2.1.0 and 2.13.0)'),
+    ('torch', '2.0.1', 'torch 2.0.1 is not supported (need >=2.1.0,<2.14.0; tested: 2.1.0 and 2.13.0): '
+                       'torch 2.0 lacks what this package calls: torch.utils.checkpoint.'
+                       'set_checkpoint_early_stop'),
     ('torch', '2.1.0rc1', 'torch 2.1.0rc1 is not supported (need >=2.1.0,'),
     ('timm', '1.0.16rc2', 'timm 1.0.16rc2 is not supported (need >=1.0.16,<1.1.0; tested: 1.0.16 and '
                           '1.0.31): timm before 1.0.16 ignores gradient checkpointing'),

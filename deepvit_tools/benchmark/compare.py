@@ -38,7 +38,9 @@ from .models import build_backbone
 from .roofline import device_rates, pass_cost
 from .roofline import roofline as roofline_of
 
-__all__ = ['compare']
+__all__ = ['compare', 'err_key', 'eager_name', 'COMPILED']
+
+COMPILED = '_compiled'  # the suffix of a compiled model's name
 
 _DTYPE_NAMES = {torch.float32: 'fp32', torch.bfloat16: 'bf16', torch.float16: 'fp16'}
 
@@ -70,9 +72,15 @@ def _recompile_limit(n: int):
         torch._dynamo.reset()
 
 
-def _err_key(name: str, dtype: str) -> str:
+def err_key(name: str, dtype: str) -> str:
+    """The key of ``name``'s largest relative error in ``dtype`` in ``compare``'s result."""
     prefix = '' if name == 'timm' else f'{name}_'  # 'max_rel_err' stays timm's (older reports)
     return f'{prefix}{"" if dtype == "fp32" else dtype + "_"}max_rel_err'
+
+
+def eager_name(impl: str) -> str:
+    """The eager model a compiled one wraps (``ours_compiled`` -> ``ours``); others unchanged."""
+    return impl[:-len(COMPILED)] if impl.endswith(COMPILED) else impl
 
 
 def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu',
@@ -138,8 +146,8 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
         eager = list(models)
         if compile:
             for name in ['ours'] + checked:
-                models[f'{name}_compiled'] = torch.compile(models[name])
-            checked += [f'{name}_compiled' for name in ['ours'] + checked]
+                models[name + COMPILED] = torch.compile(models[name])
+            checked += [name + COMPILED for name in ['ours'] + checked]
         x = backbone_input(size, batch, device)
         out = dict(model=arch, label=arch, size=tuple(size), batch=batch, device=device,
                    threads=torch.get_num_threads(), warmup=warmup, repeats=repeats,
@@ -162,7 +170,7 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
                 with autocast_for(device, dtype):
                     ref = ours(x)
                     for name in [n for n in checked if n in eager]:
-                        out[_err_key(name, dtype)] = max_rel_err(models[name](x), ref)
+                        out[err_key(name, dtype)] = max_rel_err(models[name](x), ref)
 
         for mode, dtype in modes:
             runs = {k: pass_runner(m, (lambda m=m: m(x)), mode, device, dtype)
@@ -177,16 +185,16 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
                 res['ratio' if name == 'timm' else f'ratio_{name}'] = \
                     res['ours_ms'] / res[f'{name}_ms']
             for k in models:
-                if k.endswith('_compiled'):
-                    res[f'{k}_vs_eager'] = res[f'{k}_ms'] / res[f'{k[:-len("_compiled")]}_ms']
+                if k != eager_name(k):
+                    res[f'{k}_vs_eager'] = res[f'{k}_ms'] / res[f'{eager_name(k)}_ms']
             if roofline:
                 for k in ['ours'] + [n for n in checked if n in eager]:
                     for key, v in roofline_of(pass_cost(runs[k]), rates).items():
                         res[f'{k}_{key}'] = v
                 for k in models:
-                    base = k[:-len('_compiled')] if k.endswith('_compiled') else k
-                    if f'{base}_roofline_ms' in res:
-                        res[f'{k}_vs_roofline'] = res[f'{k}_ms'] / res[f'{base}_roofline_ms']
+                    roof = res.get(f'{eager_name(k)}_roofline_ms')
+                    if roof is not None:
+                        res[f'{k}_vs_roofline'] = res[f'{k}_ms'] / roof
             # memory of what computes the same as ours (the floor's is not a model's)
             mem_of = ['ours'] + checked if memory else []
             if device.startswith('cuda'):
@@ -212,6 +220,6 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
             for dtype in [d for m, d in modes if m == 'fwd']:
                 with autocast_for(device, dtype):
                     for name in [n for n in checked if n not in eager]:
-                        ref = models[name[:-len('_compiled')]](x)
-                        out[_err_key(name, dtype)] = max_rel_err(models[name](x), ref)
+                        ref = models[eager_name(name)](x)
+                        out[err_key(name, dtype)] = max_rel_err(models[name](x), ref)
     return out

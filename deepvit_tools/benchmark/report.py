@@ -15,6 +15,7 @@ import torch
 
 from deepvit_mm.engine.allocator import cpu_allocator
 
+from .compare import eager_name, err_key
 from .measure import COMPARE_MODES, DTYPES
 
 __all__ = ['environment', 'fmt', 'size_str', 'markdown_table', 'benchmark_markdown',
@@ -150,13 +151,14 @@ def _impl_rows(comparisons: List[dict]) -> List[str]:
     for c in done:
         for key in _compare_keys([c]):
             v = c[key]
-            impls = [k[:-3] for k in v if k.endswith('_ms') and f'{k[:-3]}_first_ms' in v
-                     or k[:-3] + '_roofline_ms' in v or k[:-3] + '_vs_roofline' in v]
-            for impl in dict.fromkeys(impls):
-                base = impl[:-len('_compiled')] if impl.endswith('_compiled') else impl
+            # the models timed in this mode (``{impl}_ms``) that were compiled or held against
+            # the roofline
+            impls = [k[:-3] for k in v if k.endswith('_ms') and (
+                f'{k[:-3]}_first_ms' in v or f'{k[:-3]}_vs_roofline' in v)]
+            for impl in impls:
+                base = eager_name(impl)
                 roof = v.get(f'{base}_roofline_ms')
-                dtype = key.split('_')[1]
-                err = c.get(f'{impl}_{"" if dtype == "fp32" else dtype + "_"}max_rel_err') \
+                err = c.get(err_key(impl, key.split('_')[1])) \
                     if impl != base and key.startswith('fwd') else None  # checked in inference
                 body.append([c['label'], size_str(c['size']), c['batch'], key.replace('_', ' '),
                              impl.replace('_', ' '), fmt(v.get(f'{impl}_ms'), 2),

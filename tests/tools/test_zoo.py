@@ -222,6 +222,11 @@ def installed(tmp_path_factory):
     return site
 
 
+def _listed(stdout: str) -> list:
+    """The config ids ``mim search`` printed."""
+    return re.findall(r'^config id: (\S+)$', stdout, flags=re.M)
+
+
 def _mim(site, *args, cwd, timeout=600):
     env = dict(ENV, PYTHONPATH=str(site))
     return subprocess.run([sys.executable, '-m', 'mim', *args], capture_output=True, text=True,
@@ -277,7 +282,7 @@ def test_wheel_requires_what_import_accepts(installed):
 def test_mim_search_lists_every_recipe(installed, tmp_path):
     run = _mim(installed, 'search', 'deepvit_mm', cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
-    listed = re.findall(r'^config id: (\S+)$', run.stdout, flags=re.M)
+    listed = _listed(run.stdout)
     assert sorted(listed) == sorted(_stem(c) for c in RECIPES)
     run = _mim(installed, 'search', 'deepvit_mm', '--json', str(tmp_path / 'zoo.json'),
                cwd=tmp_path)
@@ -290,7 +295,7 @@ def test_mim_search_lists_every_recipe(installed, tmp_path):
     run = _mim(installed, 'search', 'deepvit_mm', '--model', 'xcit mask r-cnn', '--condition',
                'parameters>60000000', '--field', 'parameters', 'flops', 'weight', cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert re.findall(r'^config id: (\S+)$', run.stdout, flags=re.M) == [
+    assert _listed(run.stdout) == [
         'mask_rcnn_xcit_s24_16_3x', 'mask_rcnn_xcit_s24_8_3x', 'mask_rcnn_xcit_m24_16_3x',
         'mask_rcnn_xcit_m24_8_3x']
 
@@ -325,7 +330,7 @@ def test_mim_finds_an_editable_install_through_the_checkout(tmp_path):
                 text=True, timeout=300)}
     for how, run in runs.items():
         assert run.returncode == 0, (how, run.stderr[-2000:])
-        listed = re.findall(r'^config id: (\S+)$', run.stdout, flags=re.M)
+        listed = _listed(run.stdout)
         assert sorted(listed) == sorted(_stem(c) for c in RECIPES), how
     alone = subprocess.run(mim, cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=300)

@@ -84,7 +84,7 @@ def parse_args(argv=None):
     p.add_argument('--compile', action='store_true',
                    help='with --compare-timm: also time ours and timm under torch.compile '
                         '(default mode), interleaved with the eager ones: compiled / eager, the '
-                        'first call (compilation) of each, peak memory, error against ours')
+                        'first call (compilation) of each, peak memory, error against its eager model')
     p.add_argument('--roofline', action='store_true',
                    help="with --compare-timm: also count each pass's FLOPs and bytes operator "
                         "by operator and hold its time against this device's roofline (GEMM "

@@ -118,13 +118,13 @@ class FastestStepHook(Hook):
             self._apply(wrapper, self.chosen)
             self._schedule(runner.iter + self.recheck, rounds=1)
             return
-        configured = ('bfloat16' if wrapper.autocast else 'float32', torch.get_num_threads())
-        if configured[0] not in {p for p, _ in self._candidates}:
+        configured = 'bfloat16' if wrapper.autocast else 'float32'
+        if configured not in {p for p, _ in self._candidates}:
             # bfloat16 configured on a CPU that emulates it: the warm-up iterations run in a
             # setting that is tried instead (emulated, a demo step took ~6x as long)
             warm = max((c for c in self._candidates if c[0] == 'float32'), key=lambda c: c[1])
             self._apply(wrapper, warm)
-            print_log(f'FastestStepHook: {configured[0]} is emulated on this CPU; the warm-up '
+            print_log(f'FastestStepHook: {configured} is emulated on this CPU; the warm-up '
                       f'iterations train in {warm[0]} with {warm[1]} thread(s).',
                       logger='current')
         self._schedule(runner.iter + self.warmup, rounds=self.rounds)

@@ -1,11 +1,13 @@
-"""deepvit_mm: XCiT and CaiT as dense-prediction backbones for mmdet 3.x and mmsegmentation 1.x.
+"""deepvit_mm: XCiT, CaiT and timm's other columnar transformers as dense-prediction backbones
+for mmdet 3.x and mmsegmentation 1.x.
 
 What ``import deepvit_mm`` changes outside its own objects (docs/install.md lists the same):
 
 * It checks the installed versions and stops with what to install outside the tested range.
 * Registries: its backbones in mmdet's and mmseg's ``MODELS`` (those of the two installed), with
-  mmdet a RoI extractor; its hooks, optimizer wrapper and constructors in mmengine's registries
-  and the installed libraries'. New names only: nothing registered is replaced.
+  mmdet a RoI extractor; the norm layer ``LN2d`` (timm's ``LayerNorm2d``) in mmengine's; its
+  hooks, optimizer wrapper and constructors in mmengine's registries and the installed
+  libraries'. New names only: nothing registered is replaced.
 * mmengine's config: ``_base_ = 'deepvit_mm::...'`` resolves to this package (mmengine's
   ``MODULE2PACKAGE`` and ``get_installed_path``, for the name ``deepvit_mm`` only).
 * mmengine's checkpoint loading (``deepvit_mm.checkpoints``): its reader for local paths and
@@ -43,13 +45,22 @@ from .engine import (  # noqa: E402
     NoDecayOnScalesOptimizerConstructor,
     RNGStateHook,
 )
-from .models import CaiT, ColumnarBackbone, ColumnarPyramid, XCiT  # noqa: E402
+from .models import (  # noqa: E402
+    CaiT,
+    ColumnarBackbone,
+    ColumnarPyramid,
+    TimmBEiT,
+    TimmEVA,
+    TimmViT,
+    XCiT,
+)
 
 if os.environ.get('DEEPVIT_MM_KEEP_MMENGINE_LOADER', '') in ('', '0'):
     install_mmengine_loader()
 register_config_package('deepvit_mm', __path__[0])  # `_base_ = 'deepvit_mm::configs/...'`
 
-__all__ = ['__version__', 'XCiT', 'CaiT', 'ColumnarBackbone', 'ColumnarPyramid', 'CheckpointError',
+__all__ = ['__version__', 'XCiT', 'CaiT', 'TimmViT', 'TimmEVA', 'TimmBEiT', 'ColumnarBackbone',
+           'ColumnarPyramid', 'CheckpointError',
            'CPUAmpOptimWrapper', 'CPUDistributedDataParallel', 'RNGStateHook',
            'CheckConsumersHook', 'CrashSafeCheckpointHook', 'FiniteLossHook',
            'ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',

@@ -34,6 +34,25 @@ import deepvit_mm  # noqa: E402,F401  (registers the backbones)
 CONFIG_DIR = os.path.join(ROOT, 'configs')
 DEMO_DET = os.path.join(CONFIG_DIR, 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 DEMO_SEG = os.path.join(CONFIG_DIR, 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
+# timm's families take any name of their timm modules (their arch tables are timm's registry): the
+# tests take each at its smallest size and at a larger one with another trait (patch 14 with
+# register tokens, a distillation token); BEiT's smallest is a base (86M parameters).
+TIMM_FAMILY_ARCHS = {
+    'TimmViT': ('vit_tiny_patch16_224', 'deit_tiny_distilled_patch16_224',
+                'vit_small_patch14_reg4_dinov2'),
+    'TimmEVA': ('eva02_tiny_patch14_224', 'eva02_small_patch14_224'),
+    'TimmBEiT': ('beitv2_base_patch16_224',),
+}
+
+
+def family_archs(family) -> tuple:
+    """The archs the tests take of a ``ColumnarBackbone`` family: every arch of a paper's table
+    (XCiT, CaiT), ``TIMM_FAMILY_ARCHS`` of a timm family."""
+    if family.__name__ in TIMM_FAMILY_ARCHS:
+        return TIMM_FAMILY_ARCHS[family.__name__]
+    return tuple(family.arch_zoo)
+
+
 # Early taps prune a trunk to its first 4 blocks (timm's prune_intermediate_layers; CaiT does not
 # even build the others): tests that are not about the default taps use them to stay fast.
 EARLY = (0, 1, 2, 3)
@@ -178,16 +197,16 @@ def shapes(tmp_path_factory) -> str:
 
 
 def randomize_(module: torch.nn.Module) -> torch.nn.Module:
-    """Non-trivial BatchNorm statistics and LayerScale (XCiT's ``gamma1/2/3``, CaiT's
-    ``gamma_1/2``), in place: CaiT's and deep XCiTs' LayerScale starts at 1e-5 or 1e-6, where a
-    residual branch vanishes under a 1e-5 tolerance."""
+    """Non-trivial BatchNorm statistics and LayerScale (XCiT's ``gamma1/2/3``, CaiT's and BEiT's
+    ``gamma_1/2``, ViT's ``ls1/2.gamma``), in place: CaiT's and deep XCiTs' LayerScale starts at
+    1e-5 or 1e-6, where a residual branch vanishes under a 1e-5 tolerance."""
     with torch.no_grad():
         for mod in module.modules():
             if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
                 mod.running_mean.uniform_(-0.5, 0.5)
                 mod.running_var.uniform_(0.5, 1.5)
         for n, p in module.named_parameters():
-            if n.endswith(('gamma1', 'gamma2', 'gamma3', 'gamma_1', 'gamma_2')):
+            if n.endswith(('gamma1', 'gamma2', 'gamma3', 'gamma_1', 'gamma_2', '.gamma')):
                 p.uniform_(0.2, 0.6)
     return module
 

@@ -87,7 +87,7 @@ def example_input(shape: Sequence[int], seed: int = 0, batch: int = 1) -> torch.
 
 def dynamic_range(wrapper: nn.Module) -> Tuple[int, int]:
     """The sizes (each of H and W, multiples of ``SIZE_DIVISOR``) a ``--dynamic`` export of
-    ``wrapper`` accepts: ``[DYNAMIC_MIN, DYNAMIC_MAX]``, except that a CaiT with windowed
+    ``wrapper`` accepts: ``[DYNAMIC_MIN, DYNAMIC_MAX]``, except that a CaiT or ViT with windowed
     attention needs more than one window a side (from ``window_size * patch_size + 1`` pixels,
     e.g. 256 for 14-patch windows at /16): a grid that fits in one window is attended globally,
     without padding, a different computation the graph cannot switch to."""

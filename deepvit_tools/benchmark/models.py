@@ -69,8 +69,6 @@ def backbone_info(backbone: nn.Module, size: Tuple[int, int]) -> dict:
 
 
 def padded_size(backbone: nn.Module, size: Tuple[int, int]) -> Tuple[int, int]:
-    """The input size the backbone's trunk sees (padded to ``pad_to`` when ``pad_input``)."""
-    h, w = size
-    if getattr(backbone, 'pad_input', True):
-        h, w = h + (-h) % backbone.pad_to, w + (-w) % backbone.pad_to
-    return h, w
+    """The input size the backbone's trunk sees (``ColumnarBackbone._padded_size`` when
+    ``pad_input``)."""
+    return backbone._padded_size(*size) if getattr(backbone, 'pad_input', True) else tuple(size)

@@ -10,6 +10,9 @@ What is compared, for every recipe under ``configs/`` (CaiT's and the Q/K/V vari
 - the weight decay of every parameter of the built model;
 - the learning rate at every iteration of the whole schedule;
 - drop path, optimizer, batch and precision.
+
+The ViTDet recipe (``*_vitdet_*``) is compared the same way with ViTDet's published config
+(detectron2's projects/ViTDet, ``VITDET``), its documented deviations spelled out.
 """
 import copy
 import glob
@@ -76,7 +79,9 @@ CAIT_NAMES = [(r'^backbone\.trunk\.pos_embed$', 'backbone.absolute_pos_embed')] 
 # F-SNE's codes: the non-linear Q/K/V paper's eq. 7 regularises the network weights only
 PAPER_NO_DECAY = ('qkv_codes',)
 
-RECIPES = sorted(p for p in glob.glob(os.path.join(CONFIG_DIR, '*.py')))
+ALL_RECIPES = sorted(p for p in glob.glob(os.path.join(CONFIG_DIR, '*.py')))
+VITDET_RECIPES = [p for p in ALL_RECIPES if '_vitdet_' in os.path.basename(p)]
+RECIPES = [p for p in ALL_RECIPES if p not in VITDET_RECIPES]  # the official XCiT configs'
 NAME = re.compile(r'(mask_rcnn|upernet|sem_fpn)_(xcit|cait)_([a-z]+\d+)(?:_(8|16))?_')
 
 
@@ -108,7 +113,7 @@ def _task(recipe: str) -> str:
 
 
 def test_every_recipe_is_covered():
-    assert len(RECIPES) >= 34
+    assert len(RECIPES) >= 34 and VITDET_RECIPES
     assert all(NAME.match(os.path.basename(p)) for p in RECIPES), [
         os.path.basename(p) for p in RECIPES if not NAME.match(os.path.basename(p))]
 
@@ -240,3 +245,80 @@ def test_drop_path_optimizer_batch_and_precision_are_the_official_ones(recipe, m
         assert fit_precision_to_device(gpu) is None and gpu.optim_wrapper.type == 'AmpOptimWrapper'
     else:
         assert ow.type == 'OptimWrapper'
+
+
+# ------------------------------------------------------------------------------ ViTDet
+# detectron2 projects/ViTDet/configs/COCO/mask_rcnn_vitdet_b_100ep.py over its common/ bases
+# (optim.py AdamW, coco_schedule.py's 100-epoch multi-step with a 250-iteration linear warm-up
+# from 0.001, train.py's amp): batch 64, 184,375 iterations, lr decay 0.7 over 12 blocks
+# (get_vit_lr_decay_rate: patch and position embeddings layer 0, block i layer i + 1, the rest 13),
+# weight decay 0.1 but 0 for norms (weight_decay_norm=0) and the position embedding (overrides).
+VITDET = dict(lr=1e-4, betas=(0.9, 0.999), weight_decay=0.1, decay_rate=0.7, num_layers=12,
+              batch=64, max_iters=184375, warmup_iters=250, warmup_factor=0.001,
+              milestones=(163889, 177546), gamma=0.1, drop_path=0.1, window_size=14,
+              global_blocks=(2, 5, 8, 11), img_size=1024, fp16=True)
+
+
+def _vitdet_layer(name: str) -> int:
+    if 'pos_embed' in name or 'patch_embed' in name:
+        return 0
+    if '.blocks.' in name:
+        return int(name[name.find('.blocks.'):].split('.')[2]) + 1
+    return VITDET['num_layers'] + 1
+
+
+def _vitdet_lr(it: int) -> float:
+    """detectron2's WarmupParamScheduler(MultiStepParamScheduler, linear warm-up) at ``it``."""
+    o = VITDET
+    lr = o['lr'] * o['gamma'] ** sum(it >= m for m in o['milestones'])
+    if it < o['warmup_iters']:
+        alpha = it / o['warmup_iters']
+        lr *= o['warmup_factor'] * (1 - alpha) + alpha
+    return lr
+
+
+@pytest.mark.parametrize('recipe', VITDET_RECIPES, ids=os.path.basename)
+@pytest.mark.slow
+def test_vitdet_recipe_is_vitdets(recipe):
+    from mmengine.optim import build_optim_wrapper
+    cfg = load_config(recipe)
+    o = VITDET
+    opt = cfg.optim_wrapper.optimizer
+    assert (opt.type, opt.lr, tuple(opt.betas), opt.weight_decay) == \
+        ('AdamW', o['lr'], o['betas'], o['weight_decay'])
+    assert cfg.train_dataloader.batch_size * 16 == cfg.auto_scale_lr.base_batch_size == o['batch']
+    bb = cfg.model.backbone
+    assert (bb.type, bb.drop_path_rate, bb.window_size, bb.img_size, bb.pyramid) == \
+        ('TimmViT', o['drop_path'], o['window_size'], o['img_size'], 'simple')
+    model = build_from_config(cfg, device='meta')[0]
+    assert model.backbone.global_blocks == o['global_blocks']
+    assert model.backbone.trunk.num_prefix_tokens == 0  # no class token
+    # the lr and weight decay of every parameter
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    names = {id(p): n for n, p in model.named_parameters()}
+    got = {names[id(p)]: (g['lr'], g['weight_decay'])
+           for g in wrapper.optimizer.param_groups for p in g['params']}
+    norms = {f'{m}.{n}' if m else n for m, mod in model.named_modules()
+             if isinstance(mod, (torch.nn.LayerNorm, torch.nn.GroupNorm))
+             for n, _ in mod.named_parameters(recurse=False)}
+    want = {}
+    for name in got:
+        lr = o['lr'] * o['decay_rate'] ** (o['num_layers'] + 1 - _vitdet_layer(name))
+        wd = 0. if name in norms or 'pos_embed' in name else o['weight_decay']
+        want[name] = (pytest.approx(lr), wd)
+    wrong = {n: (got[n], want[n]) for n in got if got[n] != want[n]}
+    # the documented deviation: biases and the other 1-d parameters do not decay either
+    deviation = {n for n in wrong if got[n][1] == 0. and (n.endswith('.bias'))}
+    assert set(wrong) == deviation and deviation, sorted(set(wrong) - deviation)[:10]
+    # the lr at every iteration
+    raw = Config.fromfile(recipe)
+    lrs = _mmengine_lrs(raw, None)
+    assert len(lrs) == o['max_iters']
+    bad = [(it, lr) for it, lr in enumerate(lrs) if abs(lr - _vitdet_lr(it)) > 1e-6 * o['lr']]
+    assert bad == [], bad[:5]
+    # fp16 on a GPU, as detectron2's amp
+    ow = raw.optim_wrapper
+    assert (ow.type, ow.loss_scale, ow.dtype) == ('AmpOptimWrapper', 'dynamic', 'float16')
+    # the header quotes the paper's numbers
+    with open(recipe) as f:
+        assert 'box AP 51.6, mask AP 45.9' in f.read(2000)

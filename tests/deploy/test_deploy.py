@@ -42,6 +42,9 @@ EXPORT_TOOL = os.path.join(ROOT, 'tools', 'deploy', 'export_onnx.py')
 SEG_CFG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 DET_CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 CAIT_CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_cait_xxs24_shapes.py')
+VIT_CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_vit_tiny_simple_shapes.py')
+# EVA-02 (patch 14: the taps resampled to the 16-pixel grid, rotary embedding) with ViT's demo
+EVA = {'model.backbone.type': 'TimmEVA', 'model.backbone.arch': 'eva02_tiny_patch14_224'}
 SHALLOW = {'model.backbone.out_indices': (0, 1, 2, 3)}
 EXPORT_PROBLEM = onnx_dynamo_export_problem()
 # torch 2.1 has no torch.onnx.export(dynamo=True): there the export is refused (tested below)
@@ -105,13 +108,18 @@ def _export_with_tool(cfg, checkpoint, out, *args) -> str:
 @pytest.mark.parametrize('cfg, options, sizes', [
     (SEG_CFG, SHALLOW, SIZES),
     (CAIT_CFG, SHALLOW, SIZES),
-], ids=['xcit_nano_12_p16', 'cait_xxs24'])
+    (VIT_CFG, {'model.backbone.out_indices': (3,)}, SIZES),
+    (VIT_CFG, {**EVA, 'model.backbone.out_indices': (3,)}, SIZES),
+    (VIT_CFG, {'model.backbone.out_indices': (3,), 'model.backbone.window_size': 4}, SIZES),
+], ids=['xcit_nano_12_p16', 'cait_xxs24', 'vit_tiny_simple', 'eva02_tiny_simple',
+        'vit_tiny_windows'])
 @pytest.mark.slow
 def test_backbone_dynamic_export_matches_pytorch_at_two_sizes(tmp_path, cfg, options, sizes):
     model, task = load_model(cfg, None, options, backbone_only=True)
     _nontrivial_statistics(model)
     wrapper = wrap_for_export(model, task, backbone_only=True)
-    assert dynamic_range(wrapper) == (64, 2048)
+    # windows: from more than one window a side (4 patches of 16: 65 px, rounded up to 96)
+    assert dynamic_range(wrapper) == (96 if 'model.backbone.window_size' in options else 64, 2048)
     path = export_onnx(wrapper, str(tmp_path / 'backbone.onnx'), sizes[0], dynamic=True)
     session = onnxruntime_session(path)
     assert [o.name for o in session.get_outputs()] == ['stride4', 'stride8', 'stride16', 'stride32']

@@ -87,10 +87,12 @@ def test_auto_scale_lr_without_a_base_batch_says_what_to_add(tmp_path):
 @pytest.mark.parametrize('recipe', RECIPES, ids=lambda p: os.path.basename(p)[:-3])
 @pytest.mark.slow
 def test_every_recipe_states_its_base_batch(recipe):
-    """Mask R-CNN (COCO) and UperNet / Semantic FPN (ADE20k): 8 GPUs x 2 images, as written."""
+    """Mask R-CNN 3x (COCO) and UperNet / Semantic FPN (ADE20k): 8 GPUs x 2 images; ViTDet's
+    Mask R-CNN: 16 GPUs x 4 images, as written."""
     cfg = Config.fromfile(recipe)
-    assert cfg.auto_scale_lr == dict(enable=False, base_batch_size=16)
-    assert 8 * cfg.train_dataloader.batch_size == 16
+    gpus, images = (16, 4) if 'vitdet' in os.path.basename(recipe) else (8, 2)
+    assert cfg.auto_scale_lr == dict(enable=False, base_batch_size=gpus * images)
+    assert cfg.train_dataloader.batch_size == images
 
 
 # ------------------------------------------------------------------------------ --out

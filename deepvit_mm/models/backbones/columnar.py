@@ -123,6 +123,9 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             again by the recomputation). Default: False.
         pad_input (bool): Zero-pad the input at the bottom/right to a multiple of the largest
             output stride, so that every level is exactly ``H/s``. Default: True.
+        pyramid (str): ``'columnar'``: the XCiT paper's adapter, one tap per level (appendix
+            B.2); ``'simple'``: ViTDet's simple feature pyramid, every level rescaled from one
+            tap (default: the last block; Li et al., ECCV 2022). Default: ``'columnar'``.
         layer_scale_init (float, optional): LayerScale init of every block; default: the
             paper's for ``arch``.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads a
@@ -162,6 +165,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  pad_input: bool = True,
+                 pyramid: str = 'columnar',
                  layer_scale_init: Optional[float] = None,
                  init_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None,
@@ -189,17 +193,28 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         spec = self.arch_zoo[self.arch]
         self.depth = spec.depth
         self.patch_size = spec.patch_size
+        # the stride of the taps the adapter rescales: the patch size, or for a patch size that
+        # is not a power of two (14) the next one, the taps resampled to it (``_forward_taps``)
+        self.tap_stride = spec.get('tap_stride', spec.patch_size)
         self.embed_dim = spec.embed_dim
+        if pyramid not in ('columnar', 'simple'):
+            raise ValueError(f"{type(self).__name__}: pyramid={pyramid!r} must be 'columnar' (one "
+                             "tap per level, the XCiT paper's) or 'simple' (ViTDet's: every level "
+                             'from one tap, the last block by default).')
+        self.pyramid = pyramid
         if out_indices is None:  # the paper's taps of the strides asked for
-            out_indices = self.default_out_indices(self.arch, out_strides)
-        self.out_indices = check_out_indices(type(self).__name__, self.arch, out_indices,
-                                             spec.depth, spec.out_indices, out_strides)
+            out_indices = (spec.depth - 1,) if pyramid == 'simple' else \
+                self.default_out_indices(self.arch, out_strides)
+        self.out_indices = check_out_indices(
+            type(self).__name__, self.arch, out_indices, spec.depth,
+            (spec.depth - 1,) if pyramid == 'simple' else spec.out_indices,
+            out_strides if pyramid == 'columnar' else out_strides[-1:])
         self.norm_cfg = norm_cfg or dict(type='BN', requires_grad=True)
-        self.pad_to = max(max(out_strides), self.patch_size)
+        self.pad_to = max(max(out_strides), self.tap_stride)
         self.pad_input = pad_input
-        if self.pad_to % self.patch_size:
+        if self.pad_to % self.tap_stride:
             raise ValueError(f'{type(self).__name__}: the largest output stride {self.pad_to} must be '
-                             f'a multiple of the patch size {self.patch_size}.')
+                             f'a multiple of the taps\' stride {self.tap_stride}.')
         dpr = spec.drop_path_rate if drop_path_rate is None else drop_path_rate
         self.in_chans = trunk_kwargs.get('in_chans', 3)
 
@@ -209,17 +224,17 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         self._kept_blocks = max(self.out_indices) + 1
         self.trunk.prune_intermediate_layers(self.out_indices, prune_norm=True, prune_head=True)
         drop_pruned_classifier_parameters(self.trunk, self.classifier_parts)
-        ColumnarPyramid.check_strides(self.patch_size, out_strides)
+        ColumnarPyramid.check_strides(self.tap_stride, out_strides)
         try:  # what is left to fail is building the norm layers from norm_cfg
             self._convert_batchnorms(self.trunk, self.norm_cfg)
-            self.adapter = ColumnarPyramid(self.embed_dim, in_stride=self.patch_size,
+            self.adapter = ColumnarPyramid(self.embed_dim, in_stride=self.tap_stride,
                                            out_strides=out_strides, norm_cfg=self.norm_cfg)
         except (AssertionError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f'{type(self).__name__}: cannot build norm layers from norm_cfg='
                              f'{self.norm_cfg} ({type(e).__name__}: {e}). Use e.g. '
                              "dict(type='BN'), dict(type='SyncBN') or dict(type='GN', "
                              'num_groups=G) with G dividing every channel count.') from e
-        self.out_channels = [self.embed_dim] * len(self.out_indices)
+        self.out_channels = [self.embed_dim] * len(out_strides)
         self.out_strides = tuple(out_strides)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
@@ -244,9 +259,14 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             raise ValueError(
                 f'{cls.__name__}: unknown arch {arch!r}.'
                 + (f' Did you mean {close[0]!r}?' if close else '')
-                + f' Valid: {", ".join(cls.arch_zoo)} (or timm names such as '
-                + f'{next(iter(cls.arch_zoo.values())).timm!r}).')
+                + f' Valid: {cls._valid_archs()}.')
         return name
+
+    @classmethod
+    def _valid_archs(cls) -> str:
+        """The valid arch names, for an error message."""
+        return (f'{", ".join(cls.arch_zoo)} (or timm names such as '
+                f'{next(iter(cls.arch_zoo.values())).timm!r})')
 
     # ----------------------------------------------------------------- what a neck or head reads
     @classmethod
@@ -266,7 +286,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         arch = cls.resolve_arch(arch)
         taps = cls.default_out_indices(arch, out_strides) if out_indices is None \
             else tuple(out_indices)
-        return FeatureLevels(channels=[cls.arch_zoo[arch].embed_dim] * len(taps),
+        return FeatureLevels(channels=[cls.arch_zoo[arch].embed_dim] * len(out_strides),
                              strides=tuple(out_strides), out_indices=taps)
 
     @staticmethod
@@ -362,18 +382,26 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         if x.shape[0] == 0:
             return self._empty_output(x)
         h, w = x.shape[-2:]
-        ph, pw = (-h) % self.pad_to, (-w) % self.pad_to
-        if self.pad_input and (ph or pw):
-            x = F.pad(x, (0, pw, 0, ph))
+        if self.pad_input:
+            H, W = self._padded_size(h, w)
+            if (H, W) != (h, w):
+                x = F.pad(x, (0, W - w, 0, H - h))
         if not in_graph_capture():
             self._check_memory(x)
         with full_recomputation(self.with_cp):
             taps = self._forward_taps(x)
+        if self.pyramid == 'simple':  # every level from the one tap
+            taps = taps * len(self.out_strides)
         return self.adapter(taps)
+
+    def _padded_size(self, h: int, w: int) -> Tuple[int, int]:
+        """The size ``pad_input`` pads an ``h x w`` input to: the next multiple of the largest
+        stride (a family with a fixed input size refuses a larger one here)."""
+        return -(-h // self.pad_to) * self.pad_to, -(-w // self.pad_to) * self.pad_to
 
     def _empty_output(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         if self.pad_input:
-            H, W = (-(-n // self.pad_to) * self.pad_to for n in x.shape[-2:])
+            H, W = self._padded_size(*x.shape[-2:])
             return tuple(x.new_zeros(0, self.embed_dim, H // s, W // s) for s in self.out_strides)
         with torch.no_grad():  # unpadded sizes round per layer: take them from one image
             return tuple(o[:0] for o in self.forward(x.new_zeros(1, *x.shape[1:])))
@@ -395,7 +423,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
 
     def _check_memory(self, x: torch.Tensor) -> None:
         """Refuse, before allocating, an input whose forward cannot fit the device's free memory."""
-        grid = (x.shape[-2] // self.patch_size, x.shape[-1] // self.patch_size)
+        grid = (-(-x.shape[-2] // self.patch_size), -(-x.shape[-1] // self.patch_size))
         element = 2 if autocast_enabled(x.device.type) else x.element_size()
         need = self._activation_bytes(x.shape[0], grid, element, x.device)
         free = free_memory(x.device)

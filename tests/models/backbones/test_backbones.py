@@ -5,7 +5,8 @@ parameter, the taps equal to timm's own model, ``with_cp``, input and argument c
 
 What only one family has (XCiT's Q/K/V embeddings and fast path, CaiT's position-embedding
 resampling, windows and query chunks, each family's checkpoints and recipes) is tested in
-test_xcit.py, test_xcit_fast.py, test_qkv.py and test_cait.py.
+test_xcit.py, test_xcit_fast.py, test_qkv.py and test_cait.py; timm's families (ViT, EVA-02, BEiT:
+any name of their timm modules, conftest.TIMM_FAMILY_ARCHS here) in test_timm_families.py too.
 """
 import copy
 import functools
@@ -14,7 +15,8 @@ import itertools
 import pytest
 import timm
 import torch
-from conftest import EARLY, randomize_
+import torch.nn.functional as F
+from conftest import EARLY, TIMM_FAMILY_ARCHS, family_archs, randomize_
 from mmdet.registry import MODELS as MMDET_MODELS
 from mmseg.registry import MODELS as MMSEG_MODELS
 from timm.layers import DropPath, to_2tuple
@@ -24,7 +26,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from deepvit_mm import ColumnarBackbone, XCiT
 
 FAMILIES = {fam.__name__: fam for fam in ColumnarBackbone.families}
-ARCHS = [(name, arch) for name, fam in FAMILIES.items() for arch in fam.arch_zoo]
+ARCHS = [(name, arch) for name, fam in FAMILIES.items() for arch in family_archs(fam)]
 
 
 # The papers' tables, written out here as the reference the arch tables are checked against:
@@ -57,6 +59,15 @@ def _cait_paper(arch):
 
 
 PAPER = {'XCiT': _xcit_paper, 'CaiT': _cait_paper}
+PAPER_ARCHS = [fa for fa in ARCHS if fa[0] in PAPER]  # the timm families' tables are timm's
+
+
+def test_every_family_is_tested():
+    assert set(FAMILIES) == set(PAPER) | set(TIMM_FAMILY_ARCHS)
+
+
+def _dim(family, arch) -> int:
+    return FAMILIES[family].arch_zoo[arch].embed_dim
 
 # As timm's EXCLUDE lists: 66-350M parameters take 2-10 s each to initialise on 2 CPU cores, and
 # their code is the smaller sizes' with other widths and depths. These are checked for their
@@ -64,7 +75,8 @@ PAPER = {'XCiT': _xcit_paper, 'CaiT': _cait_paper}
 # output shapes and finite outputs at one size with 4 blocks (early taps); the light sizes get
 # every check below at full depth.
 HEAVY = {('XCiT', a) for a in XCiT.arch_zoo if a.startswith(('medium', 'large'))} | \
-        {('CaiT', a) for a in ('s36', 's48', 'm24', 'm36', 'm48')}
+        {('CaiT', a) for a in ('s36', 's48', 'm24', 'm36', 'm48')} | {('TimmBEiT', a) for a in
+                                                                      TIMM_FAMILY_ARCHS['TimmBEiT']}
 # with_cp is compared on the archs of width <= 192 (both patch sizes and depths of XCiT, both
 # depths of CaiT): a second model with_cp=True costs a build and a forward-backward more, and
 # with_cp is the same code at every width (with frozen stages and drop path: the training controls
@@ -75,9 +87,9 @@ LIGHT = CP + [fa for fa in ARCHS if fa not in HEAVY and fa not in CP]
 # pytest then runs the tests of one arch together and builds it once (the `backbone` fixture)
 ALL = LIGHT + [fa for fa in ARCHS if fa in HEAVY]
 SIZES = [(64, 64), (64, 96), (50, 70)]  # square, non-square, not a multiple of the patch
-SMALLEST = {name: min(fam.arch_zoo, key=lambda a, z=fam.arch_zoo: (z[a].embed_dim * z[a].depth,
-                                                                    -z[a].patch_size))
-            for name, fam in FAMILIES.items()}  # patch 16 on a tie: its adapter has a BatchNorm
+SMALLEST = {name: min(family_archs(fam), key=lambda a, z=fam.arch_zoo: (
+    z[a].embed_dim * z[a].depth, -z[a].patch_size))
+    for name, fam in FAMILIES.items()}  # patch 16 on a tie: its adapter has a BatchNorm
 
 
 def _ids(params):
@@ -130,12 +142,13 @@ def _heavy(family, arch) -> ColumnarBackbone:
     return m
 
 
-def _padded(hw, stride=32):
-    return tuple(-(-n // stride) * stride for n in hw)
+def _padded(m, hw):
+    """The size ``m`` pads an input to: a multiple of 32 (BEiT: its ``img_size``)."""
+    return m._padded_size(*hw)
 
 
 # ------------------------------------------------------------------------------ structure
-@_on(ALL)
+@_on([fa for fa in ALL if fa[0] in PAPER])
 def test_builds_as_the_paper_specifies(backbone):
     family, arch, m = backbone
     paper = PAPER[family](arch)
@@ -157,7 +170,7 @@ def test_builds_as_the_paper_specifies(backbone):
     assert not [k for k in m.state_dict() if k in parts or k.startswith(tuple(p + '.' for p in parts))]
 
 
-@_on(LIGHT)
+@_on([fa for fa in LIGHT if fa[0] in PAPER])
 def test_layer_scale_starts_at_the_papers_init(backbone):
     family, arch, m = backbone
     eps = PAPER[family](arch)['eps']
@@ -166,17 +179,34 @@ def test_layer_scale_starts_at_the_papers_init(backbone):
     assert gammas and all(torch.all(g == eps) for g in gammas)
 
 
+# a family with LayerScale, each at an arch that has it
+LAYER_SCALE = {'XCiT': SMALLEST['XCiT'], 'CaiT': SMALLEST['CaiT'],
+               'TimmViT': 'vit_small_patch14_reg4_dinov2', 'TimmBEiT': SMALLEST['TimmBEiT']}
+
+
 @pytest.mark.parametrize('family', FAMILIES)
 def test_layer_scale_init_and_drop_path_arguments(family):
-    m = FAMILIES[family](SMALLEST[family], out_indices=EARLY, layer_scale_init=0.1,
-                         drop_path_rate=0.2)
+    arch = LAYER_SCALE.get(family, SMALLEST[family])
+    kw = dict(layer_scale_init=0.1) if family in LAYER_SCALE else {}
+    m = FAMILIES[family](arch, out_indices=EARLY, drop_path_rate=0.2, **kw)
     gammas = [p for n, p in m.named_parameters() if '.gamma' in n]
-    assert gammas and all(torch.all(g == 0.1) for g in gammas)
-    assert sorted({d.drop_prob for d in m.modules() if isinstance(d, DropPath)}) == [0.2]
+    assert bool(gammas) == bool(kw) and all(torch.all(g == 0.1) for g in gammas)
+    if family in PAPER:  # uniform over the blocks, as in the papers
+        assert sorted({d.drop_prob for d in m.modules() if isinstance(d, DropPath)}) == [0.2]
+    else:  # timm's linear rule over the whole depth, also when the blocks after a tap are not built
+        depth = FAMILIES[family].arch_zoo[arch].depth
+        want = [0.2 * i / (depth - 1) for i in range(len(m.trunk.blocks))]
+        got = [max([d.drop_prob for d in blk.modules() if isinstance(d, DropPath)], default=0.0)
+               for blk in m.trunk.blocks]
+        assert got == pytest.approx(want)
 
 
 @pytest.mark.parametrize('family,arch', ARCHS, ids=_ids(ARCHS))
 def test_arch_names(family, arch):
+    if family not in PAPER:  # timm's name is the arch
+        fam = FAMILIES[family]
+        assert fam.resolve_arch(arch.upper()) == fam.resolve_arch(f'{arch}.in1k') == arch
+        return
     fam, timm_name = FAMILIES[family], FAMILIES[family].arch_zoo[arch].timm
     assert fam.resolve_arch(arch) == fam.resolve_arch(arch.upper()) == arch
     if timm_name:  # CaiT XS36, S48 and M24 have no timm name
@@ -193,8 +223,8 @@ def test_docs_arch_tables_are_the_papers():
     with open(os.path.join(ROOT, 'docs', 'backbones.md')) as f:
         rows = {m.group(1): [c.strip() for c in m.group(2).split('|')]
                 for m in re.finditer(r'^\| `(\w+)` \|(.*)\|$', f.read(), flags=re.M)}
-    assert sorted(rows) == sorted(arch for _, arch in ARCHS)
-    for family, arch in ARCHS:
+    assert sorted(rows) == sorted(arch for _, arch in PAPER_ARCHS)
+    for family, arch in PAPER_ARCHS:
         paper, cells = PAPER[family](arch), rows[arch]
         third = paper['patch'] if family == 'XCiT' else paper['heads']
         assert [int(c) for c in cells[:3]] == [paper['embed_dim'], paper['depth'], third], arch
@@ -208,8 +238,8 @@ def test_output_shapes_strides_and_finite(backbone, hw):
     family, arch, m = backbone
     with torch.no_grad():
         outs = m.eval()(torch.randn(2, 3, *hw))
-    H, W = _padded(hw)  # zero-padded to a multiple of 32
-    dim = PAPER[family](arch)['embed_dim']
+    H, W = _padded(m, hw)  # zero-padded to a multiple of 32
+    dim = _dim(family, arch)
     assert [tuple(o.shape) for o in outs] == [(2, dim, H // s, W // s) for s in (4, 8, 16, 32)]
     assert all(torch.isfinite(o).all() for o in outs)
 
@@ -219,8 +249,9 @@ def test_heavy_output_shapes_and_finite(family, arch):
     m = _heavy(family, arch).eval()
     with torch.no_grad():
         outs = m(torch.randn(1, 3, 50, 70))
-    dim = PAPER[family](arch)['embed_dim']
-    assert [tuple(o.shape) for o in outs] == [(1, dim, 64 // s, 96 // s) for s in (4, 8, 16, 32)]
+    H, W = _padded(m, (50, 70))
+    assert [tuple(o.shape) for o in outs] == [(1, _dim(family, arch), H // s, W // s)
+                                              for s in (4, 8, 16, 32)]
     assert all(torch.isfinite(o).all() for o in outs)
 
 
@@ -269,7 +300,11 @@ def test_with_cp_gives_the_same_outputs_and_gradients(backbone):
 def _timm_model(family, m: ColumnarBackbone) -> torch.nn.Module:
     """timm's own model of the arch, built as timm registers it (CaiT: at the backbone's
     position-embedding grid; timm's Cait runs only there)."""
-    spec, paper = m.arch_zoo[m.arch], PAPER[family](m.arch)
+    spec = m.arch_zoo[m.arch]
+    if family not in PAPER:  # at any size, as the backbone builds it (BEiT: at its img_size)
+        return timm.create_model(spec.timm, num_classes=0, **type(m).trunk_options,
+                                 **({'img_size': m.img_size} if family == 'TimmBEiT' else {}))
+    paper = PAPER[family](m.arch)
     if family == 'XCiT':
         return timm.create_model(spec.timm, num_classes=0)
     img_size = m.pos_embed_grid[0] * m.patch_size
@@ -289,13 +324,19 @@ def test_taps_equal_timms_own_model(backbone):
     assert not unexpected  # the same modules, the same shapes
     parts = tuple(f'{p}.' for p in m.classifier_parts) + m.classifier_parts
     assert missing and all(k.startswith(parts) for k in missing)
-    # XCiT takes any size; timm's Cait only its own grid (any other: test_cait.py)
-    hw = (64, 96) if family == 'XCiT' else (m.pos_embed_grid[0] * 16,) * 2
+    # XCiT, ViT and EVA take any size; timm's Cait and Beit only their own grid (any other:
+    # test_cait.py, test_timm_families.py)
+    hw = {'CaiT': lambda: (m.pos_embed_grid[0] * 16,) * 2, 'TimmBEiT': lambda: m.img_size}.get(
+        family, lambda: (64, 96))()
     x = torch.randn(1, 3, *hw)
     with torch.no_grad():
         want = ref.eval().forward_intermediates(x, indices=list(m.out_indices), stop_early=True,
                                                 intermediates_only=True)
         got = m._forward_taps(x)
+    if m.tap_stride != m.patch_size:  # patch 14: the taps resampled to the 16-pixel grid
+        want = [F.interpolate(w, size=got[0].shape[-2:], mode='bilinear', align_corners=False)
+                for w in want]
+        assert got[0].shape[-2:] == (hw[0] // 16, hw[1] // 16)
     assert len(got) == len(want) == 4
     for g, w in zip(got, want):
         assert g.shape == w.shape
@@ -350,6 +391,8 @@ SMALLEST_ARCHS = [pytest.param(name, arch, id=name) for name, arch in SMALLEST.i
 
 
 def _build(registry, family, arch, **kwargs) -> ColumnarBackbone:
+    if (family, arch) in HEAVY:  # its first 4 blocks (BEiT's smallest is a base)
+        kwargs.setdefault('out_indices', EARLY)
     m = REGISTRIES[registry].build(dict(type=family, arch=arch, **kwargs))
     assert isinstance(m, ColumnarBackbone)
     # non-trivial statistics, so that a frozen BatchNorm's output differs from a training one's
@@ -361,10 +404,13 @@ def _build(registry, family, arch, **kwargs) -> ColumnarBackbone:
 
 
 def _embedding(m: ColumnarBackbone):
+    """What ``frozen_stages=0`` freezes: the patch and position embeddings, and the tokens that
+    enter the blocks beside the patches (ViT's class, distillation and register tokens)."""
     mods = [m.trunk.patch_embed]
     pos = getattr(m.trunk, 'pos_embed', None)
-    return mods + ([pos] if isinstance(pos, torch.nn.Module) else []), (
-        [pos] if isinstance(pos, torch.nn.Parameter) else [])
+    tokens = [getattr(m.trunk, t, None) for t in ('cls_token', 'dist_token', 'reg_token')]
+    return mods + ([pos] if isinstance(pos, torch.nn.Module) else []), [
+        p for p in (pos, *tokens) if isinstance(p, torch.nn.Parameter)]
 
 
 def _frozen_and_trainable(m: ColumnarBackbone, k: int):

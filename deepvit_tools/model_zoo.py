@@ -14,11 +14,13 @@ _HEADER = """\
 
 Every recipe in this folder, with its #params and GFLOPs (multiply-adds of one inference forward
 at 800×1344 for detection, 512×512 for segmentation; UperNet's auxiliary head counts in #params
-only) as `python tools/analysis/get_flops.py CONFIG` counts them, and, where the XCiT paper reports
-the model, its result (ImageNet-1k pretraining, trained with the official code) and the official
-checkpoint, which loads here as it is (`python tools/test.py CONFIG URL`). These configs have not
-reproduced the paper's numbers themselves; they train what the official configs trained
-([docs/training.md](../docs/training.md#the-recipes-and-the-official-xcit-configs)).
+only) as `python tools/analysis/get_flops.py CONFIG` counts them, and the result reported for the
+model where there is one: the XCiT paper's (ImageNet-1k pretraining, trained with the official
+code) with the official checkpoint, which loads here as it is (`python tools/test.py CONFIG URL`);
+ViTDet's (its model zoo); for BEiT's UperNet, mmseg's (the published config it follows). These
+configs have not reproduced the numbers themselves; they train what the official configs trained
+([docs/training.md](../docs/training.md#the-recipes-and-the-official-xcit-configs)), the ViTDet
+recipe with the deviations its header lists.
 
 The same entries are in `model-index.yml` and `metafiles/` (`mim search deepvit_mm`). This page is
 written from them by `python tools/model_zoo.py`.
@@ -61,9 +63,9 @@ def page() -> str:
             for name in _metrics(m):
                 if name not in metric_names:
                     metric_names.append(name)
-        header = ' / '.join(metric_names) if metric_names else 'paper result'
+        header = ' / '.join(metric_names) if metric_names else 'result'
         out.append(f'## {collection}\n')
-        out.append(f'| config | backbone | #params | GFLOPs | paper {header} | official weights |')
+        out.append(f'| config | backbone | #params | GFLOPs | reported {header} | official weights |')
         out.append('|---|---|---:|---:|---|---|')
         out.extend(_row(m, metric_names) for m in models)
         out.append('')

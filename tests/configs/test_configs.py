@@ -153,10 +153,16 @@ def test_config_uses_the_shared_runtime(path):
     assert cfg.custom_hooks[:len(RUNTIME.custom_hooks)] == RUNTIME.custom_hooks
     assert dict(type='CheckConsumersHook') in cfg.custom_hooks  # the channels, before the run
     assert cfg.default_hooks.checkpoint.type == RUNTIME.checkpoint_hook.type
-    keys = dict(RUNTIME.paramwise_cfg.custom_keys)
-    if cfg.model.backbone.type == 'CaiT':  # the official rule's position-embedding key, read for CaiT
-        keys['pos_embed'] = dict(decay_mult=0.)
-    assert cfg.optim_wrapper.paramwise_cfg == dict(custom_keys=keys)
+    if cfg.optim_wrapper.get('constructor') == 'ColumnarLayerDecayOptimizerConstructor':
+        # ViTDet's and BEiT's recipes: their configs' layer decay and rules (test_recipes.py)
+        assert cfg.optim_wrapper.paramwise_cfg.decay_rate < 1
+    else:
+        keys = dict(RUNTIME.paramwise_cfg.custom_keys)
+        if cfg.model.backbone.type in ('CaiT', 'TimmViT'):  # the official rule's position
+            keys['pos_embed'] = dict(decay_mult=0.)       # embedding key, read for CaiT and ViT
+        if cfg.model.backbone.type == 'TimmViT':  # and its class token (timm's no_weight_decay)
+            keys['cls_token'] = dict(decay_mult=0.)
+        assert cfg.optim_wrapper.paramwise_cfg == dict(custom_keys=keys)
     # the runtime base's variables are consumed by the schedule bases, not left behind
     assert 'checkpoint_hook' not in cfg and 'paramwise_cfg' not in cfg
     # tools/test.py --show-dir draws with the task's visualization hook

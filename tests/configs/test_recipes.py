@@ -11,8 +11,9 @@ What is compared, for every recipe under ``configs/`` (CaiT's and the Q/K/V vari
 - the learning rate at every iteration of the whole schedule;
 - drop path, optimizer, batch and precision.
 
-The ViTDet recipe (``*_vitdet_*``) is compared the same way with ViTDet's published config
-(detectron2's projects/ViTDet, ``VITDET``), its documented deviations spelled out.
+The ViTDet and BEiT recipes are compared the same way with the configs they follow (detectron2's
+projects/ViTDet, ``VITDET``; mmseg's configs/beit, ``BEIT``), their documented deviations spelled
+out.
 """
 import copy
 import glob
@@ -81,7 +82,9 @@ PAPER_NO_DECAY = ('qkv_codes',)
 
 ALL_RECIPES = sorted(p for p in glob.glob(os.path.join(CONFIG_DIR, '*.py')))
 VITDET_RECIPES = [p for p in ALL_RECIPES if '_vitdet_' in os.path.basename(p)]
-RECIPES = [p for p in ALL_RECIPES if p not in VITDET_RECIPES]  # the official XCiT configs'
+BEIT_RECIPES = [p for p in ALL_RECIPES if '_beit_' in os.path.basename(p)]
+RECIPES = [p for p in ALL_RECIPES  # the official XCiT configs'
+           if p not in VITDET_RECIPES and p not in BEIT_RECIPES]
 NAME = re.compile(r'(mask_rcnn|upernet|sem_fpn)_(xcit|cait)_([a-z]+\d+)(?:_(8|16))?_')
 
 
@@ -113,7 +116,7 @@ def _task(recipe: str) -> str:
 
 
 def test_every_recipe_is_covered():
-    assert len(RECIPES) >= 34 and VITDET_RECIPES
+    assert len(RECIPES) >= 34 and VITDET_RECIPES and BEIT_RECIPES
     assert all(NAME.match(os.path.basename(p)) for p in RECIPES), [
         os.path.basename(p) for p in RECIPES if not NAME.match(os.path.basename(p))]
 
@@ -322,3 +325,69 @@ def test_vitdet_recipe_is_vitdets(recipe):
     # the header quotes the paper's numbers
     with open(recipe) as f:
         assert 'box AP 51.6, mask AP 45.9' in f.read(2000)
+
+
+# mmseg 1.x's configs/beit/beit-base_upernet_8xb2-160k_ade20k-640x640.py over
+# _base_/models/upernet_beit.py; its LearningRateDecayOptimizerConstructor (layer_wise): the class
+# token, position and patch embeddings layer 0, block i layer i + 1, the rest 13, lr x 0.9 **
+# (13 - layer); no weight decay for 1-d parameters, biases, pos_embed and cls_token.
+BEIT = dict(lr=3e-5, betas=(0.9, 0.999), weight_decay=0.05, decay_rate=0.9, num_layers=12,
+            batch=16, images_per_gpu=2, drop_path=0.1, img_size=640, crop=(640, 640),
+            slide=dict(mode='slide', crop_size=(640, 640), stride=(426, 426)),
+            decode_channels=768, aux=dict(channels=256, num_convs=1, in_index=2),
+            param_scheduler=[
+                dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
+                dict(type='PolyLR', power=1.0, begin=1500, end=160000, eta_min=0.0,
+                     by_epoch=False)],
+            max_iters=160000)
+
+
+def _beit_layer(name: str) -> int:
+    if any(k in name for k in ('cls_token', 'pos_embed', 'patch_embed')):
+        return 0
+    if '.blocks.' in name:  # mmseg's backbone.layers.i
+        return int(name[name.find('.blocks.'):].split('.')[2]) + 1
+    return BEIT['num_layers'] + 1
+
+
+@pytest.mark.parametrize('recipe', BEIT_RECIPES, ids=os.path.basename)
+@pytest.mark.slow
+def test_beit_recipe_is_mmsegs(recipe):
+    from mmengine.optim import build_optim_wrapper
+    cfg = load_config(recipe)
+    o = BEIT
+    opt = cfg.optim_wrapper.optimizer
+    assert (cfg.optim_wrapper.type, opt.type, opt.lr, tuple(opt.betas), opt.weight_decay) == \
+        ('OptimWrapper', 'AdamW', o['lr'], o['betas'], o['weight_decay'])
+    assert cfg.train_dataloader.batch_size == o['images_per_gpu']
+    assert cfg.auto_scale_lr.base_batch_size == o['batch']
+    bb, head, aux = cfg.model.backbone, cfg.model.decode_head, cfg.model.auxiliary_head
+    assert (bb.type, bb.drop_path_rate, bb.img_size) == ('TimmBEiT', o['drop_path'], o['img_size'])
+    assert tuple(cfg.model.data_preprocessor.size) == o['crop']
+    assert dict(cfg.model.test_cfg) == o['slide']
+    assert head.channels == o['decode_channels']
+    assert (aux.channels, aux.num_convs, aux.in_index) == tuple(o['aux'].values())
+    assert [dict(s) for s in cfg.param_scheduler] == o['param_scheduler']
+    assert cfg.train_cfg.max_iters == o['max_iters']
+    crops = [t for t in cfg.train_dataloader.dataset.pipeline if t.type == 'RandomCrop']
+    assert tuple(crops[0].crop_size) == o['crop']
+    model = build_from_config(cfg, device='meta')[0]
+    assert model.backbone.out_indices == (3, 5, 7, 11)
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    names = {id(p): n for n, p in model.named_parameters()}
+    got = {names[id(p)]: (g['lr'], g['weight_decay'])
+           for g in wrapper.optimizer.param_groups for p in g['params']}
+    params = dict(model.named_parameters())
+    want = {}
+    for name in got:
+        lr = o['lr'] * o['decay_rate'] ** (o['num_layers'] + 1 - _beit_layer(name))
+        exempt = params[name].ndim == 1 or name.endswith('.bias') or \
+            name.endswith(('.pos_embed', '.cls_token'))
+        want[name] = (pytest.approx(lr), 0. if exempt else o['weight_decay'])
+    wrong = {n: (got[n], want[n]) for n in got if got[n] != want[n]}
+    # the documented deviation: the relative position bias tables do not decay (timm's
+    # Beit.no_weight_decay)
+    deviation = {n for n in wrong if n.endswith('relative_position_bias_table') and got[n][1] == 0.}
+    assert set(wrong) == deviation and deviation, sorted(set(wrong) - deviation)[:10]
+    with open(recipe) as f:
+        assert 'mIoU 53.08' in f.read(2000)

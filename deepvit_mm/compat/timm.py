@@ -7,13 +7,20 @@
   class token before timm 1.0.31.
 * ``declared_no_weight_decay``: ``no_weight_decay()`` names XCiT's position encoding as a module
   (``'pos_embed'``) before timm 1.0.31 and as a pattern (``'pos_embed.*'``) from it on.
+* ``create_model``: timm 1.0.16's ViT, EVA and BEiT read their stochastic-depth rates with
+  ``.item()`` from ``torch.linspace`` on the default device, which fails on the meta device (a
+  model built there for its structure); 1.0.31 asks for the CPU itself.
 """
 import fnmatch
 from typing import Iterable, List
 
+import timm
+import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
 
-__all__ = ['drop_path_of', 'drop_pruned_classifier_parameters', 'declared_no_weight_decay']
+__all__ = ['drop_path_of', 'drop_pruned_classifier_parameters', 'declared_no_weight_decay',
+           'create_model']
 
 
 def drop_path_of(block: nn.Module, i: int) -> nn.Module:
@@ -39,3 +46,20 @@ def declared_no_weight_decay(module: nn.Module) -> List[str]:
     patterns = set(declared())
     return [n for n, _ in module.named_parameters()
             if any(fnmatch.fnmatchcase(n, p) or n.startswith(p + '.') for p in patterns)]
+
+
+class _LinspaceOnCPU(TorchFunctionMode):
+    """``torch.linspace`` without a device runs on the CPU (inside ``torch.device('meta')``)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.linspace and kwargs.get('device') is None:
+            kwargs = dict(kwargs, device='cpu')
+        return func(*args, **kwargs)
+
+
+def create_model(name: str, **kwargs) -> nn.Module:
+    """``timm.create_model(name, **kwargs)``, also under ``torch.device('meta')`` with timm 1.0.16
+    (its drop-path rates are read from a ``linspace`` made on the CPU)."""
+    with _LinspaceOnCPU():
+        return timm.create_model(name, **kwargs)

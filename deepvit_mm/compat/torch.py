@@ -37,6 +37,10 @@ in between has the API and fails (``deepvit_mm.version.FEATURE_FLOORS``).
 * ``NORM_LAYERS``: the normalisation layer types, with ``nn.RMSNorm`` where it exists (2.4+);
   ``BatchNormBase``, ``ConvBase``: the base classes of batch norms and convolutions (private
   names in torch).
+* ``sdpa_takes_float_masks_under_autocast``: ``F.scaled_dot_product_attention`` under autocast with
+  a float additive mask (timm's BEiT passes its relative position bias so): torch 2.13 casts
+  them, torch 2.1 refuses ("Expected attn_mask dtype to be bool or to match query dtype"). Probed
+  once on two tiny CPU tensors.
 * ``add_bias``: ``y + bias`` whose bias gradient is summed in float32 (torch 2.1's CPU bfloat16
   autocast sums it in bfloat16).
 
@@ -50,6 +54,7 @@ Private torch APIs, each with the reason it is used and the releases it was test
   before 2.6.
 """
 import _compat_pickle
+import functools
 import pickle
 import re
 import types
@@ -68,7 +73,8 @@ __all__ = [
     'flop_counter',
     'cpu_grad_scaler', 'cpu_float16_training_problem', 'onnx_dynamo_export_problem',
     'cpu_fsdp_problem', 'fsdp_original_ndims',
-    'NORM_LAYERS', 'BatchNormBase', 'ConvBase', 'add_bias', 'in_backward', 'cpu_has_bfloat16'
+    'NORM_LAYERS', 'BatchNormBase', 'ConvBase', 'add_bias', 'in_backward', 'cpu_has_bfloat16',
+    'sdpa_takes_float_masks_under_autocast'
 ]
 
 
@@ -396,3 +402,16 @@ def cpu_has_bfloat16() -> bool:
     except OSError:
         return False
     return 'avx512_bf16' in flags or 'amx_bf16' in flags
+
+
+@functools.cache
+def sdpa_takes_float_masks_under_autocast() -> bool:
+    """Whether ``scaled_dot_product_attention`` accepts a float32 mask beside bfloat16 queries
+    under CPU autocast (module docstring)."""
+    q = torch.zeros(1, 1, 2, 2, dtype=torch.bfloat16)  # as a Linear's output under autocast
+    try:
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(2, 2))
+    except RuntimeError:
+        return False
+    return True

@@ -40,6 +40,8 @@ import torch.nn.functional as F
 from timm.layers import to_2tuple
 from timm.models import beit, eva, vision_transformer
 
+from ....compat.timm import create_model
+from ....compat.torch import sdpa_takes_float_masks_under_autocast
 from ....registry import register_model
 from ..cait.model import even_taps
 from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
@@ -93,7 +95,7 @@ class TimmArchTable(Mapping):
 @functools.cache
 def _spec(name: str) -> ArchSpec:
     with torch.device('meta'):
-        m = timm.create_model(name, pretrained=False, num_classes=0)
+        m = create_model(name, pretrained=False, num_classes=0)
     patch = to_2tuple(m.patch_embed.patch_size)
     if patch[0] != patch[1]:
         raise ValueError(f'{name}: patches of {patch[0]}x{patch[1]} pixels; the pyramid takes square '
@@ -149,9 +151,8 @@ class TimmColumnar(ColumnarBackbone):
             drop_path_rate = drop_path_rate * (kept - 1) / (spec.depth - 1)
         if layer_scale is not None:
             kwargs['init_values'] = layer_scale
-        return timm.create_model(spec.timm, pretrained=False, num_classes=0, depth=kept,
-                                 drop_path_rate=drop_path_rate,
-                                 **{**self.trunk_options, **kwargs})
+        return create_model(spec.timm, pretrained=False, num_classes=0, depth=kept,
+                            drop_path_rate=drop_path_rate, **{**self.trunk_options, **kwargs})
 
     def _stem_modules(self) -> List[nn.Module]:
         # the patch embedding, and what runs between it and the blocks: a pre-norm (CLIP-style
@@ -369,6 +370,11 @@ class TimmBEiT(TimmColumnar):
 
     def __init__(self, arch: str = 'beit_base_patch16_224', **kwargs) -> None:
         super().__init__(arch, **kwargs)
+        if not sdpa_takes_float_masks_under_autocast():
+            # torch 2.1's fused attention refuses BEiT's float relative position bias beside
+            # half-precision queries (mixed precision): timm's unfused attention, the same math
+            for blk in self.trunk.blocks:
+                blk.attn.fused_attn = False
         self.img_size = tuple(to_2tuple(self.trunk.patch_embed.img_size))
         for s in self.img_size:
             if s % self.pad_to:

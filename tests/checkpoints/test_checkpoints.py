@@ -151,9 +151,16 @@ def test_deeper_model_refused(tmp_path):
 
 @pytest.mark.slow
 def test_other_family_refused(tmp_path):
+    # another family deepvit_mm builds: named, with the arch to set
     vit = timm.create_model('vit_tiny_patch16_224')
     path = tmp_path / 'vit.pth'
     torch.save(vit.state_dict(), path)
+    with pytest.raises(CheckpointError, match=r"It looks like a checkpoint of TimmViT\(arch="
+                                              r"'vit_tiny_patch16_224'\).*missing from it"):
+        _build(path)
+    # a model it does not build
+    convnext = timm.create_model('test_convnext')
+    torch.save(convnext.state_dict(), path)
     with pytest.raises(CheckpointError, match='not a checkpoint of a model deepvit_mm knows.*'
                                               'missing from it'):
         _build(path)

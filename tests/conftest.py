@@ -138,7 +138,7 @@ def logged(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ model builders
-def build_model(cfg, *, pretrained: bool = False) -> torch.nn.Module:
+def build_model(cfg, *, pretrained: bool = False, device=None) -> torch.nn.Module:
     """A config's whole detector or segmentor on CPU, as ``deepvit_mm.apis.build_from_config``
     builds it: mmdet's or mmseg's ``MODELS`` by the config's ``default_scope``, under that scope
     only, SyncBN reverted to BN (as mmengine's Runner does in one process), ``init_weights()`` run.
@@ -148,6 +148,8 @@ def build_model(cfg, *, pretrained: bool = False) -> torch.nn.Module:
         pretrained (bool): Keep the backbone's ``init_cfg`` (a weights file, loaded by
             ``init_weights``). Default: False (dropped: the tests have no weights files; so is
             mmseg's ``model.pretrained``).
+        device (str, optional): ``'meta'``: the structure only, no memory, no ``init_weights``.
+            Default: None (the CPU).
     """
     from deepvit_mm.apis import build_from_config
     cfg = copy.deepcopy(cfg)
@@ -155,7 +157,7 @@ def build_model(cfg, *, pretrained: bool = False) -> torch.nn.Module:
         cfg.model.backbone.init_cfg = None
         if 'pretrained' in cfg.model:
             cfg.model.pretrained = None
-    return build_from_config(cfg)[0]
+    return build_from_config(cfg, device=device)[0]
 
 
 def config_from_text(tmp_path, text: str):

@@ -41,7 +41,9 @@ def _ids(paths):
 def test_config_builds_its_model(path):
     cfg = Config.fromfile(path)
     assert 'deepvit_mm' in cfg.custom_imports['imports']
-    model = build_model(cfg)  # mmdet's or mmseg's registry by the config's default_scope
+    # mmdet's or mmseg's registry by the config's default_scope; the structure only (meta device:
+    # the demos' trainings and the recipes' tests initialise and run weights)
+    model = build_model(cfg, device='meta')
     channels = list(model.backbone.out_channels)
     # the first module after the backbone: a neck (FPN, MultiLevelNeck) or the decode head
     consumer = model.neck if getattr(model, 'neck', None) is not None else model.decode_head

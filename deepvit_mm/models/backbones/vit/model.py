@@ -168,8 +168,17 @@ class TimmColumnar(ColumnarBackbone):
                 if isinstance(p, nn.Parameter)]
 
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
-        taps = self.trunk.forward_intermediates(x, indices=list(self.out_indices), norm=False,
-                                                stop_early=True, intermediates_only=True)
+        trunk = self.trunk
+        # timm's forward_intermediates checkpoints its blocks without asking whether gradients
+        # are wanted; without them (inference, FLOP counting on the meta device, where torch
+        # 2.1's checkpoint fails) the blocks run plainly
+        checkpointing = trunk.grad_checkpointing
+        trunk.grad_checkpointing = checkpointing and torch.is_grad_enabled()
+        try:
+            taps = trunk.forward_intermediates(x, indices=list(self.out_indices), norm=False,
+                                               stop_early=True, intermediates_only=True)
+        finally:
+            trunk.grad_checkpointing = checkpointing
         if self.tap_stride == self.patch_size:
             return list(taps)
         size = (-(-x.shape[-2] // self.tap_stride), -(-x.shape[-1] // self.tap_stride))

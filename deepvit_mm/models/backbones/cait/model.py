@@ -45,6 +45,7 @@ from timm.models.cait import Cait, LayerScaleBlock, checkpoint_filter_fn
 
 from ....registry import register_model
 from ....tracing import capturing_for_other_sizes
+from ..checks import check_window_arguments
 from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 
@@ -142,12 +143,7 @@ class CaiT(ColumnarBackbone):
                  global_blocks: Optional[Sequence[int]] = None,
                  query_chunks: Union[bool, str] = 'auto', **kwargs) -> None:
         self._img_size = self._check_img_size(arch, img_size)
-        if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 0:
-            raise ValueError(f'CaiT: window_size={window_size!r} must be 0 (global attention) or a '
-                             'positive number of patches, e.g. 14.')
-        if not window_size and global_blocks is not None:
-            raise ValueError(f'CaiT: global_blocks={tuple(global_blocks)} needs window_size > 0 '
-                             '(without windows every block is global).')
+        check_window_arguments('CaiT', window_size, global_blocks)
         super().__init__(arch, **kwargs)
         # inference-only cache of resampled position embeddings; see `pos_embed_for`
         self._pos_cache: Dict[Tuple[int, int], torch.Tensor] = OrderedDict()

@@ -44,6 +44,7 @@ from ....compat.timm import create_model
 from ....compat.torch import sdpa_takes_float_masks_under_autocast
 from ....registry import register_model
 from ..cait.model import even_taps
+from ..checks import check_window_arguments
 from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
 from .window_attention import WindowedAttention, use_windows
 
@@ -242,12 +243,7 @@ class TimmViT(TimmColumnar):
 
     def __init__(self, arch: str = 'vit_base_patch16_224', *, window_size: int = 0,
                  global_blocks: Optional[Sequence[int]] = None, **kwargs) -> None:
-        if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 0:
-            raise ValueError(f'TimmViT: window_size={window_size!r} must be 0 (global attention) '
-                             'or a positive number of patches, e.g. 14.')
-        if not window_size and global_blocks is not None:
-            raise ValueError(f'TimmViT: global_blocks={tuple(global_blocks)} needs window_size > 0 '
-                             '(without windows every block is global).')
+        check_window_arguments('TimmViT', window_size, global_blocks)
         self.window_size = window_size
         super().__init__(arch, **kwargs)
         self.global_blocks = tuple(range(len(self.trunk.blocks)))

@@ -121,20 +121,24 @@ def test_every_recipe_is_covered():
         os.path.basename(p) for p in RECIPES if not NAME.match(os.path.basename(p))]
 
 
+def _lr_and_decay(model: torch.nn.Module, cfg: Config) -> Dict[str, tuple]:
+    """``{parameter name: (lr, weight_decay)}`` of the optimizer ``cfg.optim_wrapper`` builds for
+    ``model`` (mmengine's constructor, as the Runner builds it)."""
+    from mmengine.optim import build_optim_wrapper
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: (g['lr'], g['weight_decay'])
+            for g in wrapper.optimizer.param_groups for p in g['params']}
+
+
 @pytest.mark.parametrize('recipe', RECIPES, ids=os.path.basename)
 @pytest.mark.slow
 def test_weight_decay_of_every_parameter_is_the_official_one(recipe):
-    from mmengine.optim import build_optim_wrapper
     cfg = load_config(recipe)  # no GPU here: AmpOptimWrapper -> OptimWrapper, same groups
     official = OFFICIAL[_task(recipe)]
     family = cfg.model.backbone.type.lower()
     model = build_from_config(cfg, device='meta')[0]  # names and shapes only
-    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
-    got = {}
-    names = {id(p): n for n, p in model.named_parameters()}
-    for group in wrapper.optimizer.param_groups:
-        for p in group['params']:
-            got[names[id(p)]] = (group['lr'], group['weight_decay'])
+    got = _lr_and_decay(model, cfg)
     assert set(got) == {n for n, p in model.named_parameters() if p.requires_grad}
 
     want = {}
@@ -283,7 +287,6 @@ def _vitdet_lr(it: int) -> float:
 @pytest.mark.parametrize('recipe', VITDET_RECIPES, ids=os.path.basename)
 @pytest.mark.slow
 def test_vitdet_recipe_is_vitdets(recipe):
-    from mmengine.optim import build_optim_wrapper
     cfg = load_config(recipe)
     o = VITDET
     opt = cfg.optim_wrapper.optimizer
@@ -297,10 +300,7 @@ def test_vitdet_recipe_is_vitdets(recipe):
     assert model.backbone.global_blocks == o['global_blocks']
     assert model.backbone.trunk.num_prefix_tokens == 0  # no class token
     # the lr and weight decay of every parameter
-    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
-    names = {id(p): n for n, p in model.named_parameters()}
-    got = {names[id(p)]: (g['lr'], g['weight_decay'])
-           for g in wrapper.optimizer.param_groups for p in g['params']}
+    got = _lr_and_decay(model, cfg)
     norms = {f'{m}.{n}' if m else n for m, mod in model.named_modules()
              if isinstance(mod, (torch.nn.LayerNorm, torch.nn.GroupNorm))
              for n, _ in mod.named_parameters(recurse=False)}
@@ -353,7 +353,6 @@ def _beit_layer(name: str) -> int:
 @pytest.mark.parametrize('recipe', BEIT_RECIPES, ids=os.path.basename)
 @pytest.mark.slow
 def test_beit_recipe_is_mmsegs(recipe):
-    from mmengine.optim import build_optim_wrapper
     cfg = load_config(recipe)
     o = BEIT
     opt = cfg.optim_wrapper.optimizer
@@ -373,10 +372,7 @@ def test_beit_recipe_is_mmsegs(recipe):
     assert tuple(crops[0].crop_size) == o['crop']
     model = build_from_config(cfg, device='meta')[0]
     assert model.backbone.out_indices == (3, 5, 7, 11)
-    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
-    names = {id(p): n for n, p in model.named_parameters()}
-    got = {names[id(p)]: (g['lr'], g['weight_decay'])
-           for g in wrapper.optimizer.param_groups for p in g['params']}
+    got = _lr_and_decay(model, cfg)
     params = dict(model.named_parameters())
     want = {}
     for name in got:

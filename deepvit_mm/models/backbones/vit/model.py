@@ -78,8 +78,12 @@ class TimmArchTable(Mapping):
     def _names(self) -> List[str]:
         return sorted(n for m in self.modules for n in timm.list_models(module=m))
 
+    @functools.cached_property
+    def _name_set(self) -> frozenset:
+        return frozenset(self._names)
+
     def __contains__(self, name) -> bool:
-        return name in set(self._names)
+        return name in self._name_set
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)

@@ -1,7 +1,10 @@
 # The README's two commands. Each first runs tools/setup_env.sh, which creates/uses the stack's
 # virtualenv (or the active one) and installs whatever is missing. STACK=newest (default: torch
 # 2.13.0, .venv) or STACK=torch2.1 (torch 2.1.0 + numpy < 2, .venv-torch2.1): the two stacks CI tests.
+# PYTHON: the interpreter the virtualenv is made with (`make setup PYTHON=python3.12`); each stack
+# takes the Pythons of deepvit_mm/version.py's PYTHONS.
 STACK ?= newest
+PYTHON ?= python3
 VENV := $(if $(filter torch2.1,$(STACK)),.venv-torch2.1,.venv)
 PY := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV)/bin/python,$(CURDIR)/$(VENV)/bin/python)
 DEMO_CFG := configs/demo/mask_rcnn_xcit_nano_12_p8_shapes_cpu.py
@@ -10,7 +13,7 @@ DEMO_DIR := work_dirs/demo
 .PHONY: setup demo test test-fast test-avx2 lint
 
 setup:
-	STACK=$(STACK) bash tools/setup_env.sh
+	STACK=$(STACK) PYTHON=$(PYTHON) bash tools/setup_env.sh
 
 # Generate the embedded demo data, train an XCiT Mask R-CNN on it, evaluate COCO bbox/segm mAP on
 # the held-out split, draw its predictions into $(DEMO_DIR)/<timestamp>/vis and say where.

@@ -108,7 +108,7 @@ setup(
     description='XCiT and CaiT as detection/segmentation backbones for mmdet 3.x and mmseg 1.x',
     long_description=open(osp.join(HERE, 'README.md'), encoding='utf-8').read(),
     long_description_content_type='text/markdown',
-    python_requires='>=3.9',
+    python_requires='>={},<{}'.format(*_version_py()['PYTHON']),
     packages=find_packages(include=['deepvit_mm', 'deepvit_mm.*']),
     include_package_data=True,
     package_data={'deepvit_mm': _mim_files()},

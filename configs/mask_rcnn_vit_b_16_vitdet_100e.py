@@ -24,9 +24,9 @@
 # - weight decay: ViTDet exempts norms and the position embedding; deepvit_mm's layer-decay
 #   constructor also exempts biases and every 1-d parameter (as mmdet's projects/ViTDet does).
 _base_ = [
-    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
-    'mmdet::_base_/datasets/coco_instance.py',
-    'mmdet::_base_/default_runtime.py',
+    './_base_/upstream/mmdet/_base_/models/mask-rcnn_r50_fpn.py',
+    './_base_/upstream/mmdet/_base_/datasets/coco_instance.py',
+    './_base_/upstream/mmdet/_base_/default_runtime.py',
     './_base_/default_runtime.py',
 ]
 

@@ -19,9 +19,9 @@
 # bias tables (timm's Beit.no_weight_decay names them), which mmseg's decays.
 _base_ = [
     './_base_/models/upernet.py',
-    'mmseg::_base_/datasets/ade20k_640x640.py',
-    'mmseg::_base_/default_runtime.py',
-    'mmseg::_base_/schedules/schedule_160k.py',
+    './_base_/upstream/mmseg/_base_/datasets/ade20k_640x640.py',
+    './_base_/upstream/mmseg/_base_/default_runtime.py',
+    './_base_/upstream/mmseg/_base_/schedules/schedule_160k.py',
     './_base_/default_runtime.py',
 ]
 

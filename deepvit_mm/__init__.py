@@ -8,8 +8,10 @@ What ``import deepvit_mm`` changes outside its own objects (docs/install.md list
   mmdet a RoI extractor; the norm layer ``LN2d`` (timm's ``LayerNorm2d``) in mmengine's; its
   hooks, optimizer wrapper and constructors in mmengine's registries and the installed
   libraries'. New names only: nothing registered is replaced.
-* mmengine's config: ``_base_ = 'deepvit_mm::...'`` resolves to this package (mmengine's
-  ``MODULE2PACKAGE`` and ``get_installed_path``, for the name ``deepvit_mm`` only).
+* mmengine's config: ``_base_ = 'deepvit_mm::...'`` and ``mmengine.hub.get_config`` resolve to
+  this package, with or without ``pkg_resources`` (mmengine's ``MODULE2PACKAGE``, and its config
+  module's ``get_installed_path`` and ``is_installed``, its hub's ``get_installed_path`` and
+  ``install_package``, each for the name ``deepvit_mm`` only).
 * mmengine's checkpoint loading (``deepvit_mm.checkpoints``): its reader for local paths and
   ``http(s)://`` URLs becomes the safe, verifying loader, for every model (it refuses code in
   pickles and corrupted files, and reads hub names); its ``load_state_dict`` hands the models that

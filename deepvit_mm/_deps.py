@@ -7,13 +7,14 @@ break inside the ranges, and checked here: numpy 2 beside a torch compiled again
 2.1 cannot exchange arrays with it; pip pulls numpy 2 in through the newest opencv-python).
 """
 import functools
+import sys
 from importlib import metadata
 from typing import Dict, List, Optional, Tuple
 
-from .version import FAMILIES, FLOORS, LIMITS, SUPPORTED, TESTED, release, supported
+from .version import FAMILIES, FLOORS, LIMITS, PYTHON, SUPPORTED, TESTED, release, supported
 
-__all__ = ['check_versions', 'version_problems', 'numpy_problem', 'tested_versions',
-           'installed_families', 'family_install', 'missing_family_message']
+__all__ = ['check_versions', 'python_problem', 'python_range', 'version_problems', 'numpy_problem',
+           'tested_versions', 'installed_families', 'family_install', 'missing_family_message']
 
 FIX = ('Set up a tested stack: `make setup` (torch 2.13.0) or `make setup STACK=torch2.1` (torch '
        '2.1.0, numpy < 2), or in an existing environment pin the rest with its constraints: '
@@ -76,10 +77,29 @@ def missing_family_message(scope: str, why: Optional[str] = None) -> Optional[st
     return None
 
 
-def version_problems(installed: Optional[Dict[str, Optional[str]]] = None) -> List[str]:
-    """One line per dependency that is missing or outside ``SUPPORTED``; ``FAMILIES`` are
-    optional, but one of them is needed."""
-    problems = []
+def python_range(lo: str = PYTHON[0], hi: str = PYTHON[1]) -> str:
+    """``'3.10 to 3.13'``: the Pythons from ``lo`` up to, not including, ``hi`` (minor releases)."""
+    major, minor = (int(x) for x in hi.split('.'))
+    return f'{lo} to {major}.{minor - 1}'
+
+
+def python_problem(python: Optional[str] = None) -> Optional[str]:
+    """None if Python ``python`` (``'3.12'``; default: this one) is in ``version.PYTHON``, else
+    what is wrong."""
+    python = python or '.'.join(map(str, sys.version_info[:2]))
+    if supported('python', python):
+        return None
+    why = ('torch 2.13 publishes no wheels for it' if release(python) < release(PYTHON[0])
+           else 'not tested')
+    return f'Python {python} is not supported (need Python {python_range()}): {why}'
+
+
+def version_problems(installed: Optional[Dict[str, Optional[str]]] = None,
+                     python: Optional[str] = None) -> List[str]:
+    """One line per dependency that is missing or outside ``SUPPORTED`` (Python ``python``, default
+    this one, first); ``FAMILIES`` are optional, but one of them is needed."""
+    problem = python_problem(python)
+    problems = [problem] if problem else []
     for pkg, (lo, hi) in SUPPORTED.items():
         v = _version(pkg, installed)
         need = f'need >={lo},<{hi}; tested: {tested_versions(pkg)}'

@@ -11,12 +11,23 @@ __version__ = '0.1.0'
 # accepted. newest: today's releases.
 TESTED = {
     'torch2.1': dict(files=('requirements/torch2.1.txt', 'requirements/constraints-torch2.1.txt'),
-                     torch='2.1.0', torchvision='0.16.0', numpy='1.26.4', mmcv='2.1.0',
+                     python='3.10', torch='2.1.0', torchvision='0.16.0', numpy='1.26.4', mmcv='2.1.0',
                      mmengine='0.10.3', mmdet='3.3.0', mmsegmentation='1.2.2', timm='1.0.16'),
     'newest': dict(files=('requirements/torch.txt', 'requirements/constraints.txt'),
-                   torch='2.13.0', torchvision='0.28.0', numpy='2.4.6', mmcv='2.1.0',
+                   python='3.13', torch='2.13.0', torchvision='0.28.0', numpy='2.4.6', mmcv='2.1.0',
                    mmengine='0.10.7', mmdet='3.3.0', mmsegmentation='1.2.2', timm='1.0.31'),
 }
+
+# The Pythons (lower inclusive, upper exclusive) each stack is set up and tested on; CI runs each
+# stack on its `python` above, the ends of these ranges. torch 2.1 publishes no wheels beyond
+# Python 3.11, torch 2.13 none below 3.10. tools/setup_env.sh reads this table (as a literal,
+# without importing anything) and refuses any other Python before it installs anything.
+PYTHONS = {
+    'torch2.1': ('3.10', '3.12'),
+    'newest': ('3.10', '3.14'),
+}
+# The Pythons `import deepvit_mm` and pip (setup.py's python_requires) accept: the stacks' union.
+PYTHON = ('3.10', '3.14')
 
 # What `import deepvit_mm` accepts: from the oldest tested release up to and including the patch
 # releases of the newest tested minor (lower inclusive, upper exclusive). Releases in between the
@@ -46,11 +57,11 @@ def release(version: str) -> Version:
 
 
 def supported(pkg: str, version: str) -> bool:
-    """Whether ``import deepvit_mm`` accepts ``version`` of ``pkg``: within ``SUPPORTED[pkg]``
-    (lower inclusive, upper exclusive) by PEP 440, local builds (``+cu118``) included; a
-    pre-release is accepted inside the range, never one of the upper bound (``2.14.0rc1`` is
-    outside ``<2.14.0``)."""
-    lo, hi = SUPPORTED[pkg]
+    """Whether ``import deepvit_mm`` accepts ``version`` of ``pkg`` (``'python'``: of Python, in
+    ``PYTHON``): within ``SUPPORTED[pkg]`` (lower inclusive, upper exclusive) by PEP 440, local
+    builds (``+cu118``) included; a pre-release is accepted inside the range, never one of the
+    upper bound (``2.14.0rc1`` is outside ``<2.14.0``)."""
+    lo, hi = PYTHON if pkg == 'python' else SUPPORTED[pkg]
     return SpecifierSet(f'>={lo},<{hi}').contains(version, prereleases=True)
 
 

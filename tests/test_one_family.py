@@ -7,6 +7,7 @@ this one's entries, less the library left out (its package and its distribution 
 imports, ``importlib.metadata`` and ``pkg_resources`` (mmengine's ``is_installed``) all see it as
 not installed, as in an environment that never had it.
 """
+import importlib.util
 import json
 import os
 import site
@@ -17,6 +18,7 @@ import textwrap
 import pytest
 from conftest import DEMO_DET, DEMO_SEG, ROOT
 
+from deepvit_mm.apis.config import PKG_RESOURCES_GONE
 from deepvit_mm.version import FAMILIES, TESTED
 
 SITE_PACKAGES = sorted({os.path.realpath(p) for p in site.getsitepackages()})
@@ -130,9 +132,10 @@ def test_import_registers_in_the_installed_library(site_without, family):
 
 
 @pytest.mark.parametrize('family', sorted(FAMILY))
-def test_configs_build_and_the_others_say_what_to_install(site_without, family):
-    """The library's demo builds; the other's config, loaded, built, prepared for the tools or
-    given as a Config, stops with one message: what to install."""
+def test_configs_build_and_the_others_say_what_to_install(site_without, family, tmp_path):
+    """The library's demo builds; the other's config, read, loaded, built, prepared for the tools
+    or given as a Config, and a user's config inheriting the other's (``mmseg::``), stop with one
+    message: what to install."""
     other = FAMILY[family]['other']
     scope = FAMILIES[other]['scope']
     code = f"""
@@ -143,7 +146,11 @@ def test_configs_build_and_the_others_say_what_to_install(site_without, family):
                                         task_registry)
         model, task = build_from_config({FAMILY[family]['demo']!r})
         errors = []
+        user = os.path.join({str(tmp_path)!r}, 'user.py')  # a user's config on the library's own
+        with open(user, 'w') as f:
+            f.write("_base_ = '{scope}::_base_/default_runtime.py'\\n")
         for call in (lambda: read_config({FAMILY[family]['other_demo']!r}),
+                     lambda: read_config(user),
                      lambda: load_config({FAMILY[family]['other_demo']!r}),
                      lambda: build_from_config({FAMILY[family]['other_demo']!r}),
                      lambda: prepare_config({FAMILY[family]['other_demo']!r}),
@@ -163,10 +170,15 @@ def test_configs_build_and_the_others_say_what_to_install(site_without, family):
         assert error is not None, i
         name, message, no_chain = error
         assert name == 'ImportError' and no_chain, error
+        if i == 1 and importlib.util.find_spec('pkg_resources') is None:
+            # mmengine cannot look for the library without pkg_resources (setuptools >= 82)
+            assert message.endswith(PKG_RESOURCES_GONE), message
+            continue
         assert message.startswith(f'this config is an {other} config (') and install in message, error
-    # read from the file: its bases are the other's; given as a Config: its default_scope
-    assert f"(its _base_ reads {scope}::)" in got['errors'][0][1]
-    assert f"(default_scope={scope!r})" in got['errors'][4][1]
+    # read: its default_scope; a user's config inheriting the library's own: its _base_
+    assert f"(default_scope={scope!r})" in got['errors'][0][1]
+    assert f"(its _base_ reads {scope}::)" in got['errors'][1][1] or PKG_RESOURCES_GONE in got['errors'][1][1]
+    assert f"(default_scope={scope!r})" in got['errors'][5][1]
 
 
 @pytest.mark.parametrize('family', sorted(FAMILY))
@@ -204,22 +216,29 @@ def _demo_options(family: str, data: str) -> list:
 
 @pytest.mark.parametrize('family', sorted(FAMILY))
 def test_tools_train_and_test_the_demo(site_without, family, tmp_path, request):
-    """tools/train.py trains the library's demo 2 steps, tools/test.py evaluates the checkpoint."""
+    """tools/train.py and the library's own train tool each train the library's demo 2 steps,
+    tools/test.py evaluates the checkpoint; without ``pkg_resources`` (setuptools >= 82), which
+    the recipes' bases do not need."""
     if family == 'mmdet':
         data = request.getfixturevalue('shapes')
     else:
         from deepvit_tools.demo_data import make_ade_demo
         data = str(tmp_path / 'ade')
         make_ade_demo(data, num_train=4, num_val=1, size=128)
-    site_dir = site_without(FAMILY[family]['left_out'])
+    site_dir = site_without(FAMILY[family]['left_out'] + ('pkg_resources',))
     train, test = _demo_options(family, data)
     work = tmp_path / 'work'
-    out = _run_tool_without(
-        site_dir, 'train.py', FAMILY[family]['demo'], '--work-dir', work, '--cfg-options', *train,
-        'train_cfg.max_iters=2', 'val_cfg=None', 'val_dataloader=None', 'val_evaluator=None',
-        'default_hooks.logger.interval=1', 'default_hooks.checkpoint.interval=2', timeout=600)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert 'Iter(train) [2/2]' in out.stdout + out.stderr
+    options = ['--cfg-options', *train, 'train_cfg.max_iters=2', 'val_cfg=None', 'val_dataloader=None',
+               'val_evaluator=None', 'default_hooks.logger.interval=1',
+               'default_hooks.checkpoint.interval=2']
+    module = FAMILIES[family]['module']
+    own = os.path.join(os.path.dirname(importlib.util.find_spec(module).origin), '.mim', 'tools',
+                       'train.py')
+    for tool, folder in ((own, work / module), ('train.py', work)):
+        out = _run_tool_without(site_dir, tool, FAMILY[family]['demo'], '--work-dir', folder,
+                                *options, timeout=600)
+        assert out.returncode == 0, (tool, (out.stdout + out.stderr)[-3000:])
+        assert 'Iter(train) [2/2]' in out.stdout + out.stderr, tool
     out = _run_tool_without(site_dir, 'test.py', FAMILY[family]['demo'], work / 'iter_2.pth',
                             '--work-dir', work / 'test', '--cfg-options', *test, timeout=600)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]

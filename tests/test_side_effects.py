@@ -12,10 +12,12 @@ from conftest import ROOT
 pytestmark = pytest.mark.slow  # fresh interpreters importing mmdet and mmseg
 
 # mmengine's state that the import may change: the checkpoint reader's schemes, load_state_dict,
-# the config package table and get_installed_path; and every registry's names
+# the config package table, the config's get_installed_path and is_installed, the hub's
+# get_installed_path and install_package
 _PROBE = r"""
 import json, os, sys
 import mmengine.config.config as mm_config
+import mmengine.hub.hub as mm_hub
 from mmengine.config.utils import MODULE2PACKAGE
 from mmengine.runner import checkpoint as mm_ckpt
 
@@ -26,6 +28,9 @@ def state():
     return dict(schemes=schemes,
                 load_state_dict=mm_ckpt.load_state_dict.__module__,
                 get_installed_path=mm_config.get_installed_path.__module__,
+                is_installed=mm_config.is_installed.__module__,
+                hub_get_installed_path=mm_hub.get_installed_path.__module__,
+                hub_install_package=mm_hub.install_package.__module__,
                 packages=sorted(MODULE2PACKAGE))
 
 
@@ -53,7 +58,9 @@ def test_import_changes_only_what_it_lists(keep):
     before, after = got['before'], got['after']
     # the config package: always, and for the name deepvit_mm only
     assert after['packages'] == sorted(before['packages'] + ['deepvit_mm'])
-    assert after['get_installed_path'] == 'deepvit_mm.compat.mmengine'
+    for name in ('get_installed_path', 'is_installed', 'hub_get_installed_path',
+                 'hub_install_package'):
+        assert after[name] == 'deepvit_mm.compat.mmengine', name
     if keep:  # mmengine's checkpoint loading exactly as it was
         assert (after['schemes'], after['load_state_dict']) == \
             (before['schemes'], before['load_state_dict'])
@@ -69,5 +76,6 @@ def test_the_side_effects_are_listed_in_the_docs_and_the_docstring():
         docs = f.read()
     for text in (deepvit_mm.__doc__, docs):
         assert 'DEEPVIT_MM_KEEP_MMENGINE_LOADER=1' in text
-        for what in ('MODELS', 'get_installed_path', 'load_state_dict', 'CPUAmpOptimWrapper'):
+        for what in ('MODELS', 'get_installed_path', 'is_installed', 'load_state_dict',
+                     'CPUAmpOptimWrapper'):
             assert what in text, what

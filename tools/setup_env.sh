@@ -8,11 +8,18 @@
 #                            OpenMMLab's mmcv 2.1.0 wheels for torch 2.1 are built against) + numpy < 2, the rest
 #                            pinned by requirements/constraints-torch2.1.txt, in .venv-torch2.1
 #
+#   PYTHON=python3.12        the interpreter the virtualenv is made with (default: python3); each
+#                            stack takes the Pythons of deepvit_mm/version.py's PYTHONS (newest:
+#                            3.10 to 3.13, torch2.1: 3.10 and 3.11), any other stops at once. A
+#                            virtualenv made by another Python is made again with this one.
+#
 #   - the active virtualenv instead, if one is active; there a supported torch that imports is kept,
 #     with the constraints of the stack of its minor version (torch 2.1.x: torch2.1)
 #   - mmcv 2.1.0 with its ops: a wheel from PIP_FIND_LINKS or from this script's own cache
 #     (~/.cache/deepvit_mm/wheels/torch-<version>/, DEEPVIT_MM_WHEELS to move it), else compiled
-#     once (~18 min on 2 cores) into that cache. A wheel built for another torch fails
+#     once (~18 min on 2 cores) into that cache, from the registry's source with mmcv's
+#     get_version mended for Python 3.13 and setuptools < 82 while it builds (its setup.py imports
+#     pkg_resources; the stack's own setuptools is put back after). A wheel built for another torch fails
 #     `import mmcv.ops` ("undefined symbol"): such an mmcv is removed and built again, and pip's
 #     wheel cache is never used for it (it keys a local build by its source, not by the torch)
 #   - this package (editable) with mmengine, mmdet, mmseg, timm... and its tests and deploy extras,
@@ -28,17 +35,58 @@ case "$STACK" in
   *) echo "[setup] unknown STACK=$STACK: use newest or torch2.1" >&2; exit 2 ;;
 esac
 
+# The interpreter: the active virtualenv's, else PYTHON's. Checked against the stack's Pythons
+# (version.py's PYTHONS, read as a literal: nothing is imported) before anything is made.
+python_check() {  # $1: interpreter; prints its X.Y, or one line of what is wrong and fails
+  "$1" - "$STACK" "$ROOT/deepvit_mm/version.py" <<'PYEOF'
+import ast, sys
+stack, path = sys.argv[1:]
+tables = {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(open(path).read()).body
+          if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'PYTHONS'}
+lo, hi = (tuple(int(x) for x in v.split('.')) for v in tables['PYTHONS'][stack])
+here = sys.version_info[:2]
+if lo <= here < hi:
+    print('%d.%d' % here)
+    sys.exit(0)
+print('[setup] Python %d.%d (%s) cannot set up STACK=%s: it takes Python %d.%d to %d.%d; name one, '
+      'e.g. make setup PYTHON=python%d.%d' % (here + (sys.executable, stack) + lo + (hi[0], hi[1] - 1)
+                                              + (hi[0], hi[1] - 1)))
+sys.exit(2)
+PYEOF
+}
 if [ -n "${VIRTUAL_ENV:-}" ]; then
   PY="$VIRTUAL_ENV/bin/python"
   STAMP="$VIRTUAL_ENV/.deepvit_mm.stamp"
+  if ! WHY=$(python_check "$PY"); then echo "$WHY (the active virtualenv's)" >&2; exit 2; fi
 else
+  PYTHON=${PYTHON:-python3}
+  if ! command -v "$PYTHON" >/dev/null || ! "$PYTHON" -c '' 2>/dev/null; then
+    echo "[setup] no working Python interpreter '$PYTHON': name one with PYTHON=, e.g. make setup PYTHON=python3.12" >&2
+    exit 2
+  fi
+  if ! WANT_PY=$(python_check "$PYTHON"); then echo "$WANT_PY" >&2; exit 2; fi
+  if [ -e "$VENV" ]; then
+    HAVE_PY=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo none)
+    if [ "$HAVE_PY" != "$WANT_PY" ]; then
+      echo "[setup] $VENV was made by Python $HAVE_PY, not $WANT_PY ($PYTHON): making it again"
+      [ -z "${SETUP_CHECK_ONLY:-}" ] || exit 0
+      rm -rf "$VENV"
+    fi
+  fi
+  # SETUP_CHECK_ONLY=1: say which interpreter and virtualenv would be used, and change nothing
+  [ -z "${SETUP_CHECK_ONLY:-}" ] || { echo "[setup] $VENV with Python $WANT_PY ($PYTHON)"; exit 0; }
   if [ ! -x "$VENV/bin/python" ]; then
-    echo "[setup] creating $VENV"
-    python3 -m venv "$VENV"
+    echo "[setup] creating $VENV with Python $WANT_PY ($PYTHON)"
+    if ! "$PYTHON" -m venv "$VENV"; then
+      rm -rf "$VENV"
+      echo "[setup] '$PYTHON -m venv' failed (Debian and Ubuntu ship venv apart: apt install python3-venv)" >&2
+      exit 1
+    fi
   fi
   PY="$ROOT/$VENV/bin/python"
   STAMP="$ROOT/$VENV/.deepvit_mm.stamp"
 fi
+[ -z "${SETUP_CHECK_ONLY:-}" ] || { echo "[setup] the active virtualenv, $VIRTUAL_ENV"; exit 0; }
 PIP=("$PY" -m pip install --disable-pip-version-check)
 
 # Fast path: everything importable at the pinned/supported versions and the install is current.
@@ -73,6 +121,43 @@ else
 fi
 
 # mmcv with compiled ops, against the torch now installed (hence no build isolation).
+# mmcv 2.1.0's setup.py imports pkg_resources (gone from setuptools 82): it builds with this one,
+# and the stack's setuptools is put back after.
+MMCV_BUILD_SETUPTOOLS="setuptools==80.8.0"
+build_mmcv() {  # $1: the folder the wheel goes to
+  local work src
+  work=$(mktemp -d)
+  "${PIP[@]}" -q "$MMCV_BUILD_SETUPTOOLS"
+  # pip fetches and unpacks the registry's source (its hash checked) and keeps it (--no-clean),
+  # whether or not its setup.py then runs: on Python 3.13 it stops at get_version, which reads
+  # __version__ from locals() after an exec, and since PEP 667 locals() no longer sees it
+  TMPDIR="$work" PIP_FIND_LINKS= "$PY" -m pip download --disable-pip-version-check --no-clean \
+    --no-deps --no-build-isolation --no-binary mmcv -d "$work/sdist" "mmcv==2.1.0" \
+    >"$work/download.log" 2>&1 || true
+  src=$(find "$work" -mindepth 3 -maxdepth 3 -path '*/mmcv*/setup.py' -printf '%h\n' | head -1)
+  if [ -z "$src" ] && [ -f "$work/sdist/mmcv-2.1.0.tar.gz" ]; then
+    tar -xzf "$work/sdist/mmcv-2.1.0.tar.gz" -C "$work" && src="$work/mmcv-2.1.0"
+  fi
+  [ -n "$src" ] || { cat "$work/download.log" >&2; echo "[setup] could not fetch mmcv 2.1.0's source" >&2; exit 1; }
+  "$PY" - "$src/setup.py" <<'PYEOF'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+old = ("        exec(compile(f.read(), version_file, 'exec'))\n"
+       "    return locals()['__version__']")
+new = ("        ns = {}\n"
+       "        exec(compile(f.read(), version_file, 'exec'), ns)\n"
+       "    return ns['__version__']")
+if old not in text and new not in text:
+    sys.exit(f"[setup] {path}: mmcv's get_version is not the one this script mends")
+open(path, 'w').write(text.replace(old, new))
+PYEOF
+  MMCV_WITH_OPS=1 FORCE_CUDA="${FORCE_CUDA:-0}" MAX_JOBS="${MAX_JOBS:-2}" PIP_FIND_LINKS= \
+    "$PY" -m pip wheel --disable-pip-version-check --no-deps --no-build-isolation --no-cache-dir \
+    -w "$1" "$src"
+  "${PIP[@]}" -q "$(pin setuptools)"
+  rm -rf "$work"
+}
 mmcv_ok() { "$PY" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '2.1.0'" 2>/dev/null; }
 if ! mmcv_ok; then
   if "$PY" -m pip show -q mmcv 2>/dev/null; then
@@ -89,9 +174,8 @@ if ! mmcv_ok; then
     "$PY" -m pip uninstall -y -q mmcv 2>/dev/null || true
     echo "[setup] compiling mmcv 2.1.0 with ops for torch $TORCH_VER (~18 min on 2 cores, once: the wheel is kept in $CACHE)"
     mkdir -p "$CACHE"
-    rm -f "$CACHE"/mmcv-*.whl
-    MMCV_WITH_OPS=1 FORCE_CUDA="${FORCE_CUDA:-0}" MAX_JOBS="${MAX_JOBS:-2}" PIP_FIND_LINKS= \
-      "$PY" -m pip wheel --disable-pip-version-check --no-deps -w "$CACHE" "${MMCV[@]}"
+    rm -f "$CACHE"/mmcv-*-"$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"-*.whl
+    build_mmcv "$CACHE"
     PIP_FIND_LINKS="$CACHE" "${PIP[@]}" --only-binary mmcv "${MMCV[@]}"
     mmcv_ok || { echo "[setup] mmcv 2.1.0 was built but 'import mmcv.ops' fails" >&2; exit 1; }
   fi

@@ -6,7 +6,7 @@
 #
 # Children set `arch`, `embed_dim` and `pretrained` *and* the model fields that use them (mmengine
 # evaluates this file before the child, so changing a variable alone changes nothing).
-_base_ = ['mmseg::_base_/models/fpn_r50.py', './schedules/ade20k_80k.py']
+_base_ = ['./upstream/mmseg/_base_/models/fpn_r50.py', './schedules/ade20k_80k.py']
 
 arch = 'small_12_p16'  # see deepvit_mm.XCiT.arch_zoo
 embed_dim = 384  # T: 192, S: 384, M: 512; every tap has embed_dim channels

@@ -8,8 +8,8 @@
 # learned more than half as many steps of batch 4 for the same images seen; `make demo`'s time with
 # FastestStepHook's choice on each CPU measured: docs/training.md#the-detection-demo).
 _base_ = [
-    'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
-    'mmdet::_base_/default_runtime.py',
+    '../_base_/upstream/mmdet/_base_/models/mask-rcnn_r50_fpn.py',
+    '../_base_/upstream/mmdet/_base_/default_runtime.py',
     '../_base_/default_runtime.py',
 ]
 

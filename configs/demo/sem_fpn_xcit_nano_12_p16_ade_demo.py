@@ -7,8 +7,8 @@
 # crops, ~13 passes over the 300 training images). Evaluates mIoU on the validation split (whole
 # images, unpadded) at the end of training.
 _base_ = [
-    'mmseg::_base_/models/fpn_r50.py',
-    'mmseg::_base_/default_runtime.py',
+    '../_base_/upstream/mmseg/_base_/models/fpn_r50.py',
+    '../_base_/upstream/mmseg/_base_/default_runtime.py',
     '../_base_/default_runtime.py',
 ]
 

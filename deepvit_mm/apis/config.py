@@ -44,16 +44,27 @@ def _require_family(scope: str, why: Optional[str] = None) -> None:
         raise ImportError(message, name=scope)
 
 
+# mmengine 0.10 finds the package of a `_base_ = 'pkg::...'` through pkg_resources (is_installed,
+# get_installed_path), which setuptools 82 removed
+PKG_RESOURCES_GONE = ("its _base_ names a package's config ('mmdet::...', 'mmseg::...'), which "
+                      "mmengine 0.10 finds through pkg_resources, gone since setuptools 82: "
+                      'pip install "setuptools<82", or name the base by its file')
+
+
 def read_config(path: str) -> Config:
     """``Config.fromfile(path)``; a config of mmdet or mmseg, the one that is not installed, stops
-    with what to install instead of the import error met while reading its bases.
+    with what to install instead of the import error met while reading its bases (or, read, by
+    its ``default_scope``); a ``pkg::`` base without ``pkg_resources`` stops with the setuptools
+    to install.
 
     Raises:
         ImportError: as above; any other import error as mmengine raises it.
     """
     try:
-        return Config.fromfile(path)
+        cfg = Config.fromfile(path)
     except ImportError as e:
+        if e.name == 'pkg_resources':
+            raise ImportError(f'{path}: {PKG_RESOURCES_GONE}', name='pkg_resources') from None
         message = None
         for pkg, family in FAMILIES.items():
             scope = family['scope']
@@ -67,7 +78,10 @@ def read_config(path: str) -> Config:
                 break
         else:
             raise
-    raise ImportError(message, name=scope) from None
+        raise ImportError(message, name=scope) from None
+    if cfg.get('default_scope') in ('mmdet', 'mmseg'):
+        _require_family(cfg.default_scope)
+    return cfg
 
 
 def task_registry(task: str, name: str = 'MODELS'):

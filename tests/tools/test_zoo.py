@@ -5,12 +5,14 @@
 * the count (torch's FlopCounterMode on the meta device) agrees, module by module, with an
   independent one: fvcore's jit-trace counter on timm's own model; attention is counted as the
   papers' formulas say;
-* a wheel built from this tree works with mim (``mim search``, ``mim train``, ``mim test``) and
-  mmengine's ``get_config`` (the metafile's weights);
+* a wheel built from this tree works with mim (``mim search``, ``mim train``, ``mim test``) where
+  mim starts (it needs ``pkg_resources``: setuptools < 82), and with mmengine's ``get_config``
+  (the metafile's weights) with or without ``pkg_resources``;
 * ``demo/image_demo.py`` draws a detector's and a segmentor's predictions, with weights from a
   local file and from an URL.
 """
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -28,6 +30,10 @@ RECIPES = sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py')))
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 DEMO_DET = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
+# openmim 0.3.9 imports pkg_resources at start-up, which setuptools 82 removed
+MIM_STARTS = importlib.util.find_spec('pkg_resources') is not None
+needs_mim = pytest.mark.skipif(not MIM_STARTS, reason='mim needs pkg_resources (setuptools < 82); '
+                                                      'test_mim_without_pkg_resources pins its error')
 
 
 def _zoo():
@@ -290,7 +296,22 @@ def test_wheel_requires_what_import_accepts(installed):
         '<0.0.10' in r for r in requires if r.startswith('opendatalab')), requires
 
 
+def test_mim_without_pkg_resources():
+    """Without pkg_resources (setuptools >= 82) mim stops at start-up, as docs/install.md#mim says;
+    the recipes do not need it (tests/configs/test_upstream.py)."""
+    code = ("import sys, runpy\nsys.modules['pkg_resources'] = None\nsys.argv = ['mim', '--help']\n"
+            "runpy.run_module('mim', run_name='__main__')\n")
+    run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300,
+                         env=ENV)
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1].startswith('ModuleNotFoundError'), run.stderr[-2000:]
+    assert 'pkg_resources' in run.stderr.strip().splitlines()[-1]
+    with open(os.path.join(ROOT, 'docs', 'install.md')) as f:
+        assert 'mim needs `pkg_resources`' in f.read()
+
+
 @pytest.mark.slow
+@needs_mim
 def test_mim_search_lists_every_recipe(installed, tmp_path):
     run = _mim(installed, 'search', 'deepvit_mm', cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -326,6 +347,7 @@ def _installed_editable() -> bool:
 
 
 @pytest.mark.slow
+@needs_mim
 @pytest.mark.skipif(not _installed_editable(), reason='deepvit_mm is not installed editable here')
 def test_mim_finds_an_editable_install_through_the_checkout(tmp_path):
     """docs/install.md: mim looks for a package's files beside its metadata; an editable install
@@ -366,6 +388,7 @@ def test_mmengine_get_config_takes_the_metafile_weights(installed, tmp_path):
     pytest.param('editable', marks=pytest.mark.skipif(
         not _installed_editable(), reason='deepvit_mm is not installed editable here'))])
 @pytest.mark.slow
+@needs_mim
 def test_mim_train_and_test_run_the_tools(install, request, tmp_path):
     """``mim train deepvit_mm CONFIG`` (by name: mim finds it in .mim) runs .mim/tools/train.py,
     here 2 iterations of the demo segmentor with a TensorBoard backend; ``mim test`` then

@@ -12,8 +12,8 @@
 # (ADE20k's, scales x0.5, 0.75, 1.0, 1.25, 1.5, 1.75 of the image, each with and without a
 # horizontal flip) and `tta_model` (SegTTAModel: the 12 views' class probabilities averaged).
 _base_ = [
-    'mmseg::_base_/datasets/ade20k.py', 'mmseg::_base_/default_runtime.py',
-    'mmseg::_base_/schedules/schedule_160k.py', '../default_runtime.py'
+    '../upstream/mmseg/_base_/datasets/ade20k.py', '../upstream/mmseg/_base_/default_runtime.py',
+    '../upstream/mmseg/_base_/schedules/schedule_160k.py', '../default_runtime.py'
 ]
 max_iters = 160000
 warmup_iters = 1500

@@ -10,7 +10,7 @@
 # (../default_runtime.py), their 500-iteration warm-up (Swin's mmdet 3 recipe has 1,000), fp16
 # mixed precision with dynamic loss scaling; and the batch split, the checkpoints kept. The model
 # bases (../mask_rcnn_{xcit,cait}_3x_coco.py) put their backbone in place of Swin.
-_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py', '../default_runtime.py']
+_base_ = ['../upstream/mmdet/swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py', '../default_runtime.py']
 
 # Batch 16 (the paper's) = 8 GPUs x 2 images.
 # 36 epochs x 118,287 images / 16 = 7,393 iterations an epoch x 36 = ~266k iterations.

@@ -3,9 +3,8 @@
 import pytest
 import timm
 import torch
-from conftest import DEMO_DET
+from conftest import DEMO_DET, stock_config
 from mmengine.config import Config
-from mmengine.hub import get_config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, init_default_scope
 
@@ -34,7 +33,7 @@ def _mask_rcnn(**backbone):
 
 def _upernet():
     from mmseg.registry import MODELS
-    cfg = get_config(UPERNET)
+    cfg = Config.fromfile(stock_config(UPERNET))
     cfg.model.pretrained = None
     cfg.model.backbone = dict(type='XCiT', arch='nano_12_p16')
     cfg.model.decode_head.update(in_channels=[128] * 4, channels=32)

@@ -59,6 +59,9 @@ def test_docs_tested_stacks_table_is_version_py():
         assert rows[name][:6] == [f"{s['torch']} / {s['torchvision']}", s['numpy'], s['mmcv'],
                                   s['mmengine'], f"{s['mmdet']} / {s['mmsegmentation']}",
                                   s['timm']], name
+        with open(os.path.join(root, s['files'][1])) as f:
+            setuptools = re.search(r'^setuptools==(\S+)', f.read(), re.M).group(1)
+        assert rows[name][7:] == [s['python'], setuptools], name
 
 @pytest.mark.parametrize('pkg,version,expect', [
     ('mmcv', '2.2.0', 'mmcv 2.2.0 is not supported (need >=2.1.0,<2.2.0; tested: 2.1.0): mmdet 3.3.0'),
@@ -222,3 +225,24 @@ def test_private_apis_and_patches_of_other_libraries_live_in_compat():
     inside = {p.stem: _reaches_into_libraries(p) for p in (package / 'compat').glob('*.py')}
     assert any('torch._C._current_graph_task_id' in f for f in inside['torch']), inside
     assert any('mm_config.get_installed_path = ...' in f for f in inside['mmengine']), inside
+
+
+def test_ci_runs_each_stack_on_its_python_and_setup_takes_the_pythons_of_version_py():
+    """.ci/run sets the newest stack up on the newest Python it takes, the oldest on the oldest
+    (version.py's TESTED python, ends of PYTHONS), and tools/setup_env.sh reads PYTHONS itself."""
+    import os
+
+    from deepvit_mm._deps import python_range
+    from deepvit_mm.version import PYTHON, PYTHONS
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, '.ci', 'run')) as f:
+        ci = f.read()
+    for name, stack in TESTED.items():
+        flag = '' if name == 'newest' else f' STACK={name}'
+        assert re.search(rf'PYTHON=\$\(python_of {re.escape(stack["python"])}\)\n.*\n.*'
+                         rf'make test{flag} PYTHON="\$PYTHON"', ci), name
+    assert TESTED['newest']['python'] == python_range(*PYTHONS['newest']).split(' to ')[1]
+    assert TESTED['torch2.1']['python'] == PYTHONS['torch2.1'][0] == PYTHON[0]
+    assert PYTHONS['newest'][1] == PYTHON[1]
+    with open(os.path.join(root, 'tools', 'setup_env.sh')) as f:
+        assert "'PYTHONS'" in f.read()

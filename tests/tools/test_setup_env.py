@@ -1,0 +1,93 @@
+"""tools/setup_env.sh (``make setup``) takes the Pythons of version.py's PYTHONS for each stack and
+refuses any other before it makes anything; a virtualenv made by another Python is made again.
+Run on a copy of the files it reads, with ``SETUP_CHECK_ONLY=1`` (it stops before installing)."""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from deepvit_mm.version import PYTHONS
+
+HERE = '{}.{}'.format(*sys.version_info[:2])
+
+
+def _takes(stack: str, python: str) -> bool:
+    lo, hi = (tuple(map(int, v.split('.'))) for v in PYTHONS[stack])
+    return lo <= tuple(map(int, python.split('.'))) < hi
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A copy of what the script reads: itself, deepvit_mm/version.py, requirements/."""
+    for rel in ('tools/setup_env.sh', 'deepvit_mm/version.py'):
+        os.makedirs(tmp_path / os.path.dirname(rel), exist_ok=True)
+        shutil.copy(os.path.join(ROOT, rel), tmp_path / rel)
+    shutil.copytree(os.path.join(ROOT, 'requirements'), tmp_path / 'requirements')
+    return tmp_path
+
+
+def _setup(tree, python: str, stack: str = 'newest') -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != 'VIRTUAL_ENV'}
+    env.update(SETUP_CHECK_ONLY='1', STACK=stack, PYTHON=python)
+    return subprocess.run(['bash', str(tree / 'tools' / 'setup_env.sh')], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _pyenv_python(version: str):
+    """pyenv's interpreter of Python ``version`` (X.Y), if this machine has one."""
+    root = os.environ.get('PYENV_ROOT', os.path.expanduser('~/.pyenv'))
+    found = sorted(glob.glob(os.path.join(root, 'versions', f'{version}.*', 'bin', f'python{version}')))
+    return found[-1] if found else None
+
+
+@pytest.mark.parametrize('stack', sorted(PYTHONS))
+def test_this_python_is_taken_or_refused_as_pythons_says(tree, stack):
+    run = _setup(tree, sys.executable, stack)
+    if _takes(stack, HERE):
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip().splitlines()[-1] == \
+            f'[setup] {".venv" if stack == "newest" else ".venv-torch2.1"} with Python {HERE} ' \
+            f'({sys.executable})'
+    else:
+        assert run.returncode == 2 and run.stdout == '', run
+        lo, hi = PYTHONS[stack]
+        major, minor = map(int, hi.split('.'))
+        assert run.stderr.strip() == (
+            f'[setup] Python {HERE} ({sys.executable}) cannot set up STACK={stack}: it takes Python '
+            f'{lo} to {major}.{minor - 1}; name one, e.g. make setup PYTHON=python{major}.{minor - 1}')
+    assert not glob.glob(str(tree / '.venv*'))  # nothing made
+
+
+def test_python_39_is_refused_before_anything_is_made(tree):
+    python = _pyenv_python('3.9')
+    if python is None:
+        pytest.skip('no Python 3.9 here')
+    run = _setup(tree, python)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run
+    assert 'Python 3.9' in run.stderr and 'it takes Python 3.10 to 3.13' in run.stderr
+    assert not glob.glob(str(tree / '.venv*'))
+
+
+def test_an_interpreter_that_is_not_there_is_named(tree):
+    run = _setup(tree, 'python-that-is-not-there')
+    assert run.returncode == 2 and run.stderr.strip() == (
+        "[setup] no working Python interpreter 'python-that-is-not-there': name one with PYTHON=, "
+        'e.g. make setup PYTHON=python3.12')
+
+
+def test_a_virtualenv_of_another_python_is_made_again(tree):
+    """A .venv whose interpreter is another Python (or no longer runs) is not reused."""
+    stack = 'newest' if _takes('newest', HERE) else 'torch2.1'
+    venv = tree / ('.venv' if stack == 'newest' else '.venv-torch2.1')
+    os.makedirs(venv / 'bin')
+    (venv / 'bin' / 'python').write_text('#!/bin/sh\nexit 1\n')  # its Python was removed
+    os.chmod(venv / 'bin' / 'python', 0o755)
+    run = _setup(tree, sys.executable, stack)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == (f'[setup] {venv.name} was made by Python none, not {HERE} '
+                                  f'({sys.executable}): making it again')
+    assert (venv / 'bin' / 'python').exists()  # SETUP_CHECK_ONLY: said, not done

@@ -91,6 +91,17 @@ def test_unsupported_versions_named(pkg, version, expect):
         assert LIMITS['torch'] not in problems[0]
 
 
+@pytest.mark.parametrize('python,expect', [
+    ('3.9', 'Python 3.9 is not supported (need Python 3.10 to 3.13): torch 2.13 publishes no '
+            'wheels for it'),
+    ('3.14', 'Python 3.14 is not supported (need Python 3.10 to 3.13): not tested'),
+    ('3.10', None), ('3.13', None)])
+def test_python_outside_the_tested_range_is_named(python, expect):
+    """As an unsupported torch: ``import deepvit_mm`` stops with it (setup.py's python_requires
+    says the same to pip)."""
+    assert version_problems(_stack('newest'), python=python) == ([expect] if expect else [])
+
+
 @pytest.mark.parametrize('left_out', [('mmdet',), ('mmsegmentation',)])
 def test_mmdet_and_mmsegmentation_are_each_optional(left_out):
     """One of them is enough (tests/test_one_family.py runs deepvit_mm so); one present outside

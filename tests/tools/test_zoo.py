@@ -276,10 +276,10 @@ def test_wheel_ships_the_model_index_tools_and_configs(installed):
 @pytest.mark.slow
 def test_wheel_requires_what_import_accepts(installed):
     """pip refuses what ``import deepvit_mm`` refuses: the wheel's Requires-Dist ranges are
-    version.SUPPORTED's; mmdet and mmsegmentation come only with their extras (``det``, ``seg``,
-    ``all``), as import needs one of them, not both; the extras pin nothing that downgrades
-    setuptools."""
-    from deepvit_mm.version import FAMILIES, SUPPORTED
+    version.SUPPORTED's, its Requires-Python version.PYTHON; mmdet and mmsegmentation come only
+    with their extras (``det``, ``seg``, ``all``), as import needs one of them, not both; the
+    extras pin nothing that downgrades setuptools."""
+    from deepvit_mm.version import FAMILIES, PYTHON, SUPPORTED
     (meta,) = glob.glob(str(installed / '*.dist-info' / 'METADATA'))
     requires = re.findall(r'^Requires-Dist: (.+)$', open(meta).read(), flags=re.M)
     for pkg in ('mmengine', 'mmdet', 'mmsegmentation', 'timm'):
@@ -294,6 +294,9 @@ def test_wheel_requires_what_import_accepts(installed):
             assert markers == [''], lines
     assert [r for r in requires if r.startswith('opendatalab')] and all(
         '<0.0.10' in r for r in requires if r.startswith('opendatalab')), requires
+    # and the Pythons import accepts
+    (python,) = re.findall(r'^Requires-Python: (.+)$', open(meta).read(), flags=re.M)
+    assert set(python.split(',')) == {f'>={PYTHON[0]}', f'<{PYTHON[1]}'}, python
 
 
 def test_mim_without_pkg_resources():

@@ -1,10 +1,9 @@
 # The README's two commands. Each first runs tools/setup_env.sh, which creates/uses the stack's
 # virtualenv (or the active one) and installs whatever is missing. STACK=newest (default: torch
 # 2.13.0, .venv) or STACK=torch2.1 (torch 2.1.0 + numpy < 2, .venv-torch2.1): the two stacks CI tests.
-# PYTHON: the interpreter the virtualenv is made with (`make setup PYTHON=python3.12`); each stack
-# takes the Pythons of deepvit_mm/version.py's PYTHONS.
+# PYTHON: the interpreter the virtualenv is made with (`make setup PYTHON=python3.12`; default
+# python3, or the virtualenv's own once made); each stack takes the Pythons of version.py's PYTHONS.
 STACK ?= newest
-PYTHON ?= python3
 VENV := $(if $(filter torch2.1,$(STACK)),.venv-torch2.1,.venv)
 PY := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV)/bin/python,$(CURDIR)/$(VENV)/bin/python)
 DEMO_CFG := configs/demo/mask_rcnn_xcit_nano_12_p8_shapes_cpu.py

@@ -11,7 +11,9 @@
 #   PYTHON=python3.12        the interpreter the virtualenv is made with (default: python3); each
 #                            stack takes the Pythons of deepvit_mm/version.py's PYTHONS (newest:
 #                            3.10 to 3.13, torch2.1: 3.10 and 3.11), any other stops at once. A
-#                            virtualenv made by another Python is made again with this one.
+#                            virtualenv made by another Python than the one named is made again;
+#                            with none named, one that works is kept (and said so if python3 is
+#                            another).
 #
 #   - the active virtualenv instead, if one is active; there a supported torch that imports is kept,
 #     with the constraints of the stack of its minor version (torch 2.1.x: torch2.1)
@@ -59,22 +61,31 @@ if [ -n "${VIRTUAL_ENV:-}" ]; then
   STAMP="$VIRTUAL_ENV/.deepvit_mm.stamp"
   if ! WHY=$(python_check "$PY"); then echo "$WHY (the active virtualenv's)" >&2; exit 2; fi
 else
+  NAMED=${PYTHON:+1}
   PYTHON=${PYTHON:-python3}
-  if ! command -v "$PYTHON" >/dev/null || ! "$PYTHON" -c '' 2>/dev/null; then
-    echo "[setup] no working Python interpreter '$PYTHON': name one with PYTHON=, e.g. make setup PYTHON=python3.12" >&2
-    exit 2
-  fi
-  if ! WANT_PY=$(python_check "$PYTHON"); then echo "$WANT_PY" >&2; exit 2; fi
-  if [ -e "$VENV" ]; then
-    HAVE_PY=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo none)
-    if [ "$HAVE_PY" != "$WANT_PY" ]; then
+  version_of() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo none; }
+  HAVE_PY=none
+  [ ! -e "$VENV" ] || HAVE_PY=$(version_of "$VENV/bin/python")
+  if [ -z "$NAMED" ] && [ "$HAVE_PY" != none ] && python_check "$VENV/bin/python" >/dev/null; then
+    # no Python named: the virtualenv there is kept, whichever Python of the stack's made it
+    WANT_PY=$HAVE_PY
+    if [ "$(version_of "$PYTHON")" != "$HAVE_PY" ]; then
+      echo "[setup] keeping $VENV, made by Python $HAVE_PY ($PYTHON is $(version_of "$PYTHON")); make setup PYTHON=$PYTHON makes it again with that one"
+    fi
+  else
+    if ! command -v "$PYTHON" >/dev/null || ! "$PYTHON" -c '' 2>/dev/null; then
+      echo "[setup] no working Python interpreter '$PYTHON': name one with PYTHON=, e.g. make setup PYTHON=python3.12" >&2
+      exit 2
+    fi
+    if ! WANT_PY=$(python_check "$PYTHON"); then echo "$WANT_PY" >&2; exit 2; fi
+    if [ -e "$VENV" ] && [ "$HAVE_PY" != "$WANT_PY" ]; then
       echo "[setup] $VENV was made by Python $HAVE_PY, not $WANT_PY ($PYTHON): making it again"
       [ -z "${SETUP_CHECK_ONLY:-}" ] || exit 0
       rm -rf "$VENV"
     fi
   fi
   # SETUP_CHECK_ONLY=1: say which interpreter and virtualenv would be used, and change nothing
-  [ -z "${SETUP_CHECK_ONLY:-}" ] || { echo "[setup] $VENV with Python $WANT_PY ($PYTHON)"; exit 0; }
+  [ -z "${SETUP_CHECK_ONLY:-}" ] || { echo "[setup] $VENV with Python $WANT_PY"; exit 0; }
   if [ ! -x "$VENV/bin/python" ]; then
     echo "[setup] creating $VENV with Python $WANT_PY ($PYTHON)"
     if ! "$PYTHON" -m venv "$VENV"; then

@@ -30,9 +30,14 @@ def tree(tmp_path):
     return tmp_path
 
 
-def _setup(tree, python: str, stack: str = 'newest') -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != 'VIRTUAL_ENV'}
-    env.update(SETUP_CHECK_ONLY='1', STACK=stack, PYTHON=python)
+def _setup(tree, python: str, stack: str = 'newest', path=None) -> subprocess.CompletedProcess:
+    """The script's answer with ``PYTHON=python`` ('' names none: python3 on ``path``)."""
+    env = {k: v for k, v in os.environ.items() if k not in ('VIRTUAL_ENV', 'PYTHON')}
+    env.update(SETUP_CHECK_ONLY='1', STACK=stack)
+    if python:
+        env['PYTHON'] = python
+    if path:
+        env['PATH'] = f'{path}:{env["PATH"]}'
     return subprocess.run(['bash', str(tree / 'tools' / 'setup_env.sh')], env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -50,8 +55,7 @@ def test_this_python_is_taken_or_refused_as_pythons_says(tree, stack):
     if _takes(stack, HERE):
         assert run.returncode == 0, run.stderr
         assert run.stdout.strip().splitlines()[-1] == \
-            f'[setup] {".venv" if stack == "newest" else ".venv-torch2.1"} with Python {HERE} ' \
-            f'({sys.executable})'
+            f'[setup] {".venv" if stack == "newest" else ".venv-torch2.1"} with Python {HERE}'
     else:
         assert run.returncode == 2 and run.stdout == '', run
         lo, hi = PYTHONS[stack]
@@ -79,15 +83,51 @@ def test_an_interpreter_that_is_not_there_is_named(tree):
         'e.g. make setup PYTHON=python3.12')
 
 
-def test_a_virtualenv_of_another_python_is_made_again(tree):
-    """A .venv whose interpreter is another Python (or no longer runs) is not reused."""
+def _venv_of(tree, stack: str, python: str):
+    """A virtualenv of the stack whose interpreter is ``python``."""
+    venv = tree / ('.venv' if stack == 'newest' else '.venv-torch2.1')
+    os.makedirs(venv / 'bin')
+    os.symlink(python, venv / 'bin' / 'python')
+    return venv
+
+
+def test_a_virtualenv_of_another_python_is_kept_unless_one_is_named(tree, tmp_path):
+    """With no Python named, a working .venv of another Python the stack takes is kept, and said
+    so; naming a Python makes it again with that one."""
+    stack = 'newest'
+    other = next((p for v in ('3.12', '3.13', '3.11', '3.10') if v != HERE and _takes(stack, v)
+                  for p in [_pyenv_python(v)] if p), None)
+    if other is None or not _takes(stack, HERE):
+        pytest.skip('needs two Pythons of the newest stack')
+    other_version = os.path.basename(other)[len('python'):]
+    venv = _venv_of(tree, stack, other)
+    bin_dir = tmp_path / 'bin'
+    os.makedirs(bin_dir)
+    os.symlink(sys.executable, bin_dir / 'python3')
+    run = _setup(tree, '', stack, path=bin_dir)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines() == [
+        f'[setup] keeping .venv, made by Python {other_version} (python3 is {HERE}); make setup '
+        f'PYTHON=python3 makes it again with that one', f'[setup] .venv with Python {other_version}']
+    run = _setup(tree, sys.executable, stack)
+    assert run.stdout.strip() == (f'[setup] .venv was made by Python {other_version}, not {HERE} '
+                                  f'({sys.executable}): making it again')
+    assert os.path.islink(venv / 'bin' / 'python')  # SETUP_CHECK_ONLY: said, not done
+
+
+def test_a_virtualenv_whose_python_is_gone_is_made_again(tree, tmp_path):
+    """A .venv whose interpreter no longer runs is not reused, with a Python named or not."""
     stack = 'newest' if _takes('newest', HERE) else 'torch2.1'
     venv = tree / ('.venv' if stack == 'newest' else '.venv-torch2.1')
     os.makedirs(venv / 'bin')
     (venv / 'bin' / 'python').write_text('#!/bin/sh\nexit 1\n')  # its Python was removed
     os.chmod(venv / 'bin' / 'python', 0o755)
-    run = _setup(tree, sys.executable, stack)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == (f'[setup] {venv.name} was made by Python none, not {HERE} '
-                                  f'({sys.executable}): making it again')
+    bin_dir = tmp_path / 'bin'
+    os.makedirs(bin_dir)
+    os.symlink(sys.executable, bin_dir / 'python3')
+    for named, shown in ((sys.executable, sys.executable), ('', 'python3')):
+        run = _setup(tree, named, stack, path=bin_dir)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == (f'[setup] {venv.name} was made by Python none, not {HERE} '
+                                      f'({shown}): making it again')
     assert (venv / 'bin' / 'python').exists()  # SETUP_CHECK_ONLY: said, not done

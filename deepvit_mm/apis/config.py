@@ -79,8 +79,7 @@ def read_config(path: str) -> Config:
         else:
             raise
         raise ImportError(message, name=scope) from None
-    if cfg.get('default_scope') in ('mmdet', 'mmseg'):
-        _require_family(cfg.default_scope)
+    _require_family(cfg.get('default_scope'))  # a scope of no family needs nothing
     return cfg
 
 

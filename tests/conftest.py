@@ -22,8 +22,21 @@ import sys
 import textwrap
 import threading
 
-import pytest
-import torch
+# OpenMP's threads sleep while they wait instead of spinning, here and in every process a test
+# starts (they inherit it): with two test processes on two cores (and the tools they start), the
+# spinning threads of one took the cores the other computed on; tests/models/test_architectures.py
+# and tests/engine/hooks/test_resume.py on two processes ran in 492 s spinning, 183 s sleeping.
+# Set before torch loads its OpenMP runtime, which reads it once.
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from budget import (  # noqa: E402,F401
+    pytest_runtest_logreport,
+    pytest_runtest_makereport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))  # the helpers (slow_save.py, rank_dump_hook.py)
 ROOT = os.path.dirname(TESTS)
@@ -57,8 +70,17 @@ def family_archs(family) -> tuple:
 # even build the others): tests that are not about the default taps use them to stay fast.
 EARLY = (0, 1, 2, 3)
 
-# the whole session: the tests run on 2 shared CPU cores (set once here, never changed by a test)
-torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def session_threads() -> int:
+    """The threads each test process computes with: the cores shared among pytest-xdist's
+    processes (one each for two processes on two cores), at most 2."""
+    workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
+    return max(1, min(2, torch.get_num_threads(), (os.cpu_count() or 1) // workers))
+
+
+# the whole session (set once here; a test that changes it gives it back)
+torch.set_num_threads(session_threads())
 
 
 def pytest_report_header(config):

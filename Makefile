@@ -38,8 +38,8 @@ AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 AVX2_TESTS ?= -m numerics
 
 # TEST_WORKERS: pytest-xdist processes, each taking whole test files (their module fixtures run
-# once). Many tests wait on a tool's start-up (imports, one thread), so 2 processes on 2 cores ran
-# tests/tools and tests/checkpoints in 367 s against 579 s (docs/install.md#tests).
+# once), the files with the most work first; each computes on its share of the cores, and OpenMP's
+# threads sleep while they wait (tests/conftest.py): docs/install.md#tests has the times.
 TEST_WORKERS ?= 2
 
 test: setup lint

@@ -89,6 +89,19 @@ def pytest_report_header(config):
             f'oneDNN: {"on" if torch.backends.mkldnn.enabled else "off"}')
 
 
+def pytest_collection_modifyitems(config, items):
+    """The files with the most work first (a test of several processes counts 10, a slow test 1,
+    others 0), each file's tests in their order: pytest-xdist hands whole files to its processes
+    in this order, so that the longest do not start last while the other process idles."""
+    weight = {}
+    for item in items:
+        w = 10 if item.get_closest_marker('distributed') else int(
+            item.get_closest_marker('slow') is not None)
+        weight[item.path] = weight.get(item.path, 0) + w
+    order = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (-weight[item.path], order[item.path]))
+
+
 def pytest_configure(config):
     """``ATEN_CPU_CAPABILITY`` (as ``make test-avx2`` sets it) must have taken effect: a torch
     that ignored it would run the AVX-512 kernels under the AVX2 run's name.
@@ -140,6 +153,23 @@ def _restore_default_scope(monkeypatch):
     instance table, as ``DefaultScope.overwrite_default_scope`` does)."""
     from mmengine.registry import DefaultScope
     monkeypatch.setattr(DefaultScope, '_instance_dict', copy.copy(DefaultScope._instance_dict))
+
+
+def run_in_process(monkeypatch, script: str, *args) -> int:
+    """``python script args`` in this process (the script's ``__main__`` block, its ``sys.argv``
+    and ``sys.path`` given back after): for tests where a tool's start in a new process is not what
+    is tested (another test starts it). Returns its exit status."""
+    import runpy
+    monkeypatch.setattr(sys, 'argv', [script, *map(str, args)])
+    monkeypatch.setattr(sys, 'path', list(sys.path))
+    try:
+        runpy.run_path(script, run_name='__main__')
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)  # as the interpreter prints sys.exit(message)
+        return 1
+    return 0
 
 
 @pytest.fixture

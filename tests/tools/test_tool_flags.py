@@ -19,7 +19,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, run_in_process
 from mmengine.config import Config
 
 import deepvit_mm.apis.config as apis_config
@@ -168,12 +168,21 @@ def test_a_vis_backend_without_its_package_names_the_pip_install(monkeypatch, tm
 
 
 # ------------------------------------------------------------------------------ image demo
-def _demo(*args, cwd) -> subprocess.CompletedProcess:
-    return _run(os.path.join(ROOT, 'demo', 'image_demo.py'), *args, cwd=cwd)
+@pytest.fixture
+def demo(monkeypatch, capsys):
+    """``demo/image_demo.py`` run in this process (test_zoo starts it as a process): its exit
+    status and what it printed, as ``subprocess.run`` returns them."""
+    def run(*args, cwd):
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        code = run_in_process(monkeypatch, os.path.join(ROOT, 'demo', 'image_demo.py'), *args)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+    return run
 
 
 @pytest.mark.slow
-def test_image_demo_takes_mmdets_flags(tmp_path):
+def test_image_demo_takes_mmdets_flags(tmp_path, demo):
     """A detector, random weights: a folder of images in batches of 2, predictions saved and
     printed without drawings; then drawings without predictions (``--score-thr``, deprecated);
     then nothing saved."""
@@ -183,7 +192,7 @@ def test_image_demo_takes_mmdets_flags(tmp_path):
     names = sorted(os.listdir(images))
     _checkpoint(DEMO_DET, tmp_path / 'det.pth')
     weights = ['--weights', tmp_path / 'det.pth', '--device', 'cpu']
-    run = _demo(images, DEMO_DET, *weights, '--out-dir', tmp_path / 'a', '--pred-score-thr', '0',
+    run = demo(images, DEMO_DET, *weights, '--out-dir', tmp_path / 'a', '--pred-score-thr', '0',
                 '--batch-size', '2', '--no-save-vis', '--print-result', '--palette', 'random',
                 cwd=tmp_path)
     log = run.stdout + run.stderr
@@ -194,24 +203,24 @@ def test_image_demo_takes_mmdets_flags(tmp_path):
                           .read_text())
         assert len(pred['bboxes']) == len(pred['scores']) > 0  # score threshold 0: every box
     assert "'predictions'" in run.stdout and 'results have been saved at' in run.stdout
-    run = _demo(images / names[0], DEMO_DET, *weights, '--out-dir', tmp_path / 'b', '--score-thr',
+    run = demo(images / names[0], DEMO_DET, *weights, '--out-dir', tmp_path / 'b', '--score-thr',
                 '0', '--no-save-pred', cwd=tmp_path)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert '--score-thr is deprecated: use --pred-score-thr' in run.stderr
     assert (tmp_path / 'b' / 'vis' / names[0]).is_file() and not (tmp_path / 'b' / 'preds').exists()
-    run = _demo(images / names[0], DEMO_DET, *weights, '--out-dir', tmp_path / 'c',
+    run = demo(images / names[0], DEMO_DET, *weights, '--out-dir', tmp_path / 'c',
                 '--no-save-vis', '--no-save-pred', cwd=tmp_path)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert not (tmp_path / 'c').exists()
 
 
 @pytest.mark.slow
-def test_image_demo_segmentor_flags(tmp_path):
+def test_image_demo_segmentor_flags(tmp_path, demo):
     from deepvit_tools.demo_data import make_ade_demo
     make_ade_demo(str(tmp_path / 'data'), num_train=1, num_val=1, size=128, seed=1)
     (image,) = glob.glob(str(tmp_path / 'data' / 'images' / 'validation' / '*.jpg'))
     _checkpoint(DEMO_SEG, tmp_path / 'seg.pth')
-    run = _demo(image, DEMO_SEG, '--weights', tmp_path / 'seg.pth', '--out-dir', tmp_path / 'out',
+    run = demo(image, DEMO_SEG, '--weights', tmp_path / 'seg.pth', '--out-dir', tmp_path / 'out',
                 '--no-save-pred', '--palette', 'citys', '--print-result', cwd=tmp_path)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert (tmp_path / 'out' / 'vis' / os.path.basename(image)).is_file()
@@ -230,11 +239,10 @@ def test_image_demo_models_by_name():
         resolve_model('rtmdet-s')
 
 
-@pytest.mark.slow
-def test_image_demo_refuses_what_it_cannot_do(tmp_path):
-    run = _demo('x.jpg', DEMO_DET, '--weights', 'w.pth', '--texts', 'bench . car', cwd=tmp_path)
+def test_image_demo_refuses_what_it_cannot_do(tmp_path, demo):
+    run = demo('x.jpg', DEMO_DET, '--weights', 'w.pth', '--texts', 'bench . car', cwd=tmp_path)
     assert run.returncode == 2 and 'GLIP and Grounding DINO' in run.stderr
-    run = _demo('x.jpg', 'mask_rcnn_xcit_t12_16_psne_3x', cwd=tmp_path)
+    run = demo('x.jpg', 'mask_rcnn_xcit_t12_16_psne_3x', cwd=tmp_path)
     assert run.returncode == 1 and 'Traceback' not in run.stderr
     assert 'give a checkpoint with --weights' in run.stderr
     with open(os.path.join(ROOT, 'demo', 'image_demo.py')) as f:

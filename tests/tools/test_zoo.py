@@ -24,7 +24,7 @@ import zipfile
 import pytest
 import torch
 import yaml
-from conftest import ROOT
+from conftest import ROOT, run_in_process
 
 RECIPES = sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py')))
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
@@ -434,7 +434,10 @@ def _demo_checkpoint(config: str, path) -> None:
 
 @pytest.mark.parametrize('config', [DEMO_SEG, DEMO_DET], ids=['seg', 'det'])
 @pytest.mark.slow
-def test_image_demo_draws_predictions_from_a_file_and_an_url(config, tmp_path, server):
+def test_image_demo_draws_predictions_from_a_file_and_an_url(config, tmp_path, server, monkeypatch,
+                                                             logged, hub_dir):
+    """demo/image_demo.py with the weights in a file (in this process) and at a URL (a process
+    of its own: ~10 s, its imports)."""
     from deepvit_tools.demo_data import make_ade_demo, make_shapes_coco
     seg = config == DEMO_SEG
     if seg:
@@ -446,13 +449,19 @@ def test_image_demo_draws_predictions_from_a_file_and_an_url(config, tmp_path, s
     www, url, hits = server
     _demo_checkpoint(config, www / 'model.pth')
     env = dict(ENV, TORCH_HOME=str(tmp_path / 'torch_home'))
+    demo = os.path.join(ROOT, 'demo', 'image_demo.py')
     for weights, out in ((str(www / 'model.pth'), 'out_file'), (f'{url}/model.pth', 'out_url')):
-        run = subprocess.run([sys.executable, os.path.join(ROOT, 'demo', 'image_demo.py'), image,
-                              config, '--weights', weights, '--out-dir', str(tmp_path / out),
-                              '--score-thr', '0'],
-                             capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
-        log = run.stdout + run.stderr
-        assert run.returncode == 0, log[-3000:]
+        args = [image, config, '--weights', weights, '--out-dir', str(tmp_path / out),
+                '--score-thr', '0']
+        if out == 'out_file':
+            monkeypatch.chdir(tmp_path)
+            assert run_in_process(monkeypatch, demo, *args) == 0
+            log = '\n'.join(logged) + '\n'
+        else:
+            run = subprocess.run([sys.executable, demo, *args], capture_output=True, text=True,
+                                 timeout=600, env=env, cwd=str(tmp_path))
+            log = run.stdout + run.stderr
+            assert run.returncode == 0, log[-3000:]
         assert re.search(r"weights from .*model.pth' into \w+: loaded \d+ tensors\n", log), log[-3000:]
         name = os.path.basename(image)
         assert (tmp_path / out / 'vis' / name).is_file(), log[-3000:]

@@ -116,30 +116,40 @@ def test_non_finite_loss_stops_training(shapes, tmp_path):
     assert not [n for n in os.listdir(tmp_path / 'wd') if n.endswith('.pth')]
 
 
+def _resumable_copy(reference, wd) -> None:
+    """``wd`` as a run that stopped after the reference's step 4 leaves it (its checkpoint, and
+    ``last_checkpoint`` naming it)."""
+    import shutil
+    wd.mkdir(parents=True)
+    shutil.copy(reference / 'iter_4.pth', wd / 'iter_4.pth')
+    (wd / 'last_checkpoint').write_text(str(wd / 'iter_4.pth'))
+
+
 @pytest.mark.slow
-def test_disk_full_during_a_checkpoint_write_stops_with_one_message(shapes, tmp_path):
-    """A real run resumed under a file-size limit below a checkpoint's size (RLIMIT_FSIZE: the
-    write fails with EFBIG, as on a full disk or quota): one message, the previous checkpoint kept
-    and named, no temporary file left."""
+def test_disk_full_during_a_checkpoint_write_stops_with_one_message(reference, shapes, tmp_path):
+    """A real run resumed (from the reference run's step 4) under a file-size limit below a
+    checkpoint's size (RLIMIT_FSIZE: the write fails with EFBIG, as on a full disk or quota): one
+    message, the previous checkpoint kept and named, no temporary file left. ~15 s: a tool's
+    process."""
     import resource
     wd = tmp_path / 'wd'
-    _run(_train_cmd(shapes, wd, 2, 2))
-    size = os.path.getsize(wd / 'iter_2.pth')
+    _resumable_copy(reference, wd)
+    size = os.path.getsize(wd / 'iter_4.pth')
 
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
-    out = subprocess.run(_train_cmd(shapes, wd, 4, 2, '--resume'), cwd=ROOT, env=ENV,
+    out = subprocess.run(_train_cmd(shapes, wd, 12, 4, '--resume'), cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=600, preexec_fn=limit)
     assert out.returncode == 1, out.stderr[-3000:]
     last = out.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
-        r'training stopped: could not write the checkpoint \S+/iter_4\.pth \(EFBIG: File too '
-        r'large\)\. The previous complete checkpoint, \S+/iter_2\.pth, is kept\. No partial file '
+        r'training stopped: could not write the checkpoint \S+/iter_8\.pth \(EFBIG: File too '
+        r'large\)\. The previous complete checkpoint, \S+/iter_4\.pth, is kept\. No partial file '
         r'was left\. Free space .*, then continue with tools/train\.py CONFIG --resume\.', last), last
     assert 'Traceback' not in out.stderr
-    assert sorted(n for n in os.listdir(wd) if 'iter_' in n) == ['iter_2.pth']
-    assert (wd / 'last_checkpoint').read_text().strip().endswith('iter_2.pth')
-    assert find_resumable_checkpoint(str(wd)).endswith('iter_2.pth')
+    assert sorted(n for n in os.listdir(wd) if 'iter_' in n) == ['iter_4.pth']
+    assert (wd / 'last_checkpoint').read_text().strip().endswith('iter_4.pth')
+    assert find_resumable_checkpoint(str(wd)).endswith('iter_4.pth')
 
 
 def test_a_failed_last_checkpoint_write_keeps_the_old_one_and_leaves_no_temporary_file(
@@ -174,16 +184,16 @@ def test_resume_skips_an_incomplete_last_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_never_evaluates_config_text_planted_in_the_checkpoint(shapes, tmp_path):
+def test_resume_never_evaluates_config_text_planted_in_the_checkpoint(reference, shapes,
+                                                                      tmp_path):
     """mmengine's Runner.resume evaluates meta['config'] with Config.fromstring: code planted there
-    (in an otherwise plain-data checkpoint) does not run; the run stops with a message."""
-    wd = tmp_path / 'wd'
-    _run(_train_cmd(shapes, wd, 2, 2))
-    ckpt = torch.load(wd / 'iter_2.pth', weights_only=False)  # our own file, read in full
+    (in the reference run's checkpoint, otherwise plain data) does not run; the run stops with a
+    message. ~10 s: a tool's process."""
+    ckpt = torch.load(reference / 'iter_4.pth', weights_only=False)  # our own file, read in full
     ckpt['meta']['config'] = "import os\nos.system('touch PWNED')\ngpu_ids = [0]\n"
     planted = tmp_path / 'planted.pth'
     torch.save(ckpt, planted)
-    out = subprocess.run(_train_cmd(shapes, tmp_path / 'wd2', 4, 2, '--resume', str(planted)),
+    out = subprocess.run(_train_cmd(shapes, tmp_path / 'wd2', 8, 4, '--resume', str(planted)),
                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode != 0
     assert "did not evaluate the config text stored in checkpoint" in out.stderr

@@ -173,6 +173,21 @@ def run_in_process(monkeypatch, script: str, *args) -> int:
 
 
 @pytest.fixture
+def in_process(monkeypatch, capsys):
+    """``in_process(script, *args, cwd=...)``: ``run_in_process`` with what the script printed, as
+    ``subprocess.run`` returns it (a ``CompletedProcess``)."""
+    import subprocess
+
+    def run(script, *args, cwd):
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        code = run_in_process(monkeypatch, script, *args)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess([script, *args], code, out, err)
+    return run
+
+
+@pytest.fixture
 def logged(monkeypatch):
     """Messages given to mmengine's ``print_log`` (WARNING and above marked with their level)."""
     import logging

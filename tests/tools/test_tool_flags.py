@@ -9,6 +9,7 @@
   ``--pred-score-thr`` and its former name ``--score-thr``, ``--batch-size``, ``--no-save-vis``,
   ``--no-save-pred``, ``--print-result``, ``--palette``).
 """
+import functools
 import glob
 import importlib.util
 import json
@@ -19,7 +20,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, run_in_process
+from conftest import ROOT
 from mmengine.config import Config
 
 import deepvit_mm.apis.config as apis_config
@@ -97,21 +98,25 @@ def test_every_recipe_states_its_base_batch(recipe):
 
 # ------------------------------------------------------------------------------ --out
 @pytest.mark.slow
-def test_tools_test_out_writes_mmdets_pickle_for_its_confusion_matrix(tmp_path, shapes):
+def test_tools_test_out_writes_mmdets_pickle_for_its_confusion_matrix(tmp_path, shapes,
+                                                                      in_process):
+    """tools/test.py --out, then mmdet's confusion_matrix.py on its pickle, both in this process
+    (other tests start tools/test.py as a process). ~5 s: a test loop and the plot."""
     _checkpoint(DEMO_DET, tmp_path / 'det.pth')
     opts = [f'test_dataloader.dataset.data_root={shapes}', 'test_dataloader.num_workers=0',
             'test_dataloader.persistent_workers=False',
             f'test_evaluator.ann_file={os.path.join(shapes, "annotations", "instances_val.json")}']
     out = tmp_path / 'preds.pkl'
-    run = _run(os.path.join(ROOT, 'tools', 'test.py'), DEMO_DET, tmp_path / 'det.pth', '--out', out,
-               '--work-dir', tmp_path / 'work', '--cfg-options', *opts, cwd=tmp_path)
+    run = in_process(os.path.join(ROOT, 'tools', 'test.py'), DEMO_DET, tmp_path / 'det.pth',
+                     '--out', out, '--work-dir', tmp_path / 'work', '--cfg-options', *opts,
+                     cwd=tmp_path)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     with open(out, 'rb') as f:
         preds = pickle.load(f)
     assert len(preds) == 2 and all('pred_instances' in p and 'img_id' in p for p in preds)
     assert all('gt_instances' not in p for p in preds)  # DumpDetResults drops the ground truth
-    run = _run(os.path.join(MMDET_TOOLS, 'analysis_tools', 'confusion_matrix.py'), DEMO_DET, out,
-               tmp_path / 'cm', '--cfg-options', opts[0], cwd=tmp_path)
+    run = in_process(os.path.join(MMDET_TOOLS, 'analysis_tools', 'confusion_matrix.py'), DEMO_DET,
+                     out, tmp_path / 'cm', '--cfg-options', opts[0], cwd=tmp_path)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert (tmp_path / 'cm' / 'confusion_matrix.png').is_file()
 
@@ -169,16 +174,9 @@ def test_a_vis_backend_without_its_package_names_the_pip_install(monkeypatch, tm
 
 # ------------------------------------------------------------------------------ image demo
 @pytest.fixture
-def demo(monkeypatch, capsys):
-    """``demo/image_demo.py`` run in this process (test_zoo starts it as a process): its exit
-    status and what it printed, as ``subprocess.run`` returns them."""
-    def run(*args, cwd):
-        monkeypatch.chdir(cwd)
-        capsys.readouterr()
-        code = run_in_process(monkeypatch, os.path.join(ROOT, 'demo', 'image_demo.py'), *args)
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out, err)
-    return run
+def demo(in_process):
+    """``demo/image_demo.py`` run in this process (test_zoo starts it as a process)."""
+    return functools.partial(in_process, os.path.join(ROOT, 'demo', 'image_demo.py'))
 
 
 @pytest.mark.slow

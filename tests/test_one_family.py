@@ -183,6 +183,8 @@ def test_configs_build_and_the_others_say_what_to_install(site_without, family, 
 
 @pytest.mark.parametrize('family', sorted(FAMILY))
 def test_tools_refuse_the_others_configs_in_one_line(site_without, family, tmp_path):
+    """With one library left out, tools/train.py and tools/test.py refuse the other's config in one
+    line. ~10-20 s: two tools' processes."""
     site_dir = site_without(FAMILY[family]['left_out'])
     other = FAMILY[family]['other']
     checkpoint = tmp_path / 'model.pth'

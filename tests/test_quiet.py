@@ -42,6 +42,7 @@ def _run(code: str, *, strict: bool) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_import_prints_nothing():
+    """``import deepvit_mm`` in a fresh process prints nothing. ~5-10 s: the process."""
     run = _run('import deepvit_mm', strict=False)
     assert run.returncode == 0 and run.stdout == '' and run.stderr == '', run.stderr[-3000:]
 
@@ -63,6 +64,8 @@ def test_every_recipe_loads_without_a_warning():
                                     'sem_fpn_xcit_nano_12_p16_ade_demo.py'])
 @pytest.mark.slow
 def test_building_a_model_warns_only_upstream(config):
+    """Building a demo model in a fresh process prints only the warnings of the libraries listed in
+    docs/install.md. ~5-15 s: the process."""
     path = os.path.join(ROOT, 'configs', 'demo', config)
     code = ('from deepvit_mm.apis import build_from_config\n'
             f'build_from_config({path!r})\n')

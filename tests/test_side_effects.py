@@ -54,6 +54,7 @@ def _probe(keep: bool) -> dict:
 
 @pytest.mark.parametrize('keep', [False, True], ids=['default', 'keep_mmengine_loader'])
 def test_import_changes_only_what_it_lists(keep):
+    """``import deepvit_mm`` in a fresh process changes only what docs list. ~5-10 s: the process."""
     got = _probe(keep)
     before, after = got['before'], got['after']
     # the config package: always, and for the name deepvit_mm only

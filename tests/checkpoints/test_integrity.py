@@ -275,6 +275,9 @@ def _offline(code, hf_home):
 
 @pytest.mark.slow
 def test_hub_name_from_an_offline_cache(tmp_path):
+    """An ``hf-hub:`` name read from a huggingface_hub cache offline: loaded whole, a changed blob
+    refused, an uncached one named. ~20-30 s: three processes (huggingface_hub reads HF_HOME and
+    HF_HUB_OFFLINE when imported)."""
     import timm
     from safetensors.torch import save_file
     torch.manual_seed(0)

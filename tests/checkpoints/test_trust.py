@@ -180,6 +180,8 @@ def test_non_finite_weights_refused_by_name(det, tmp_path):
 
 @pytest.mark.slow
 def test_segmentor_paths(tmp_path):
+    """A segmentor checkpoint loaded by mmseg's ``init_model`` and ``MMSegInferencer``: every
+    tensor where it was saved. ~1-4 s: the segmentor built three times."""
     from mmseg.apis import MMSegInferencer, init_model
     cfg = _cfg(SEG_CFG)
     cfg_file = str(tmp_path / 'seg.py')
@@ -317,6 +319,7 @@ def _dino_checkpoint(teacher, student):
 
 @pytest.mark.slow
 def test_dino_training_checkpoint_teacher_by_default_student_on_request(tmp_path):
+    """A DINO training checkpoint gives the teacher by default, the student on request. ~1-4 s."""
     from mmdet.registry import MODELS
     torch.manual_seed(1)
     teacher = timm.create_model('xcit_nano_12_p16_224', num_classes=0)

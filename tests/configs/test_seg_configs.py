@@ -111,6 +111,8 @@ def test_segmentation_recipe_hyper_parameters(path):
                                   'sem_fpn_xcit_t12_16_80k_ade20k.py'])
 @pytest.mark.slow
 def test_recipe_loss_backward_and_unpadded_predict(name):
+    """A segmentation recipe's model: loss, backward and an unpadded prediction. ~2-8 s: the
+    recipe's model at full width."""
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, name))
     cfg.model.data_preprocessor.size = None  # the base pads every batch to 512x512 crops
     cfg.model.data_preprocessor.size_divisor = 32

@@ -115,6 +115,8 @@ def _export_with_tool(cfg, checkpoint, out, *args) -> str:
         'vit_tiny_windows'])
 @pytest.mark.slow
 def test_backbone_dynamic_export_matches_pytorch_at_two_sizes(tmp_path, cfg, options, sizes):
+    """A backbone exported with dynamic sizes equals PyTorch's outputs at two sizes in ONNX Runtime.
+    ~10-50 s: torch.export and the ONNX translation of each."""
     model, task = load_model(cfg, None, options, backbone_only=True)
     _nontrivial_statistics(model)
     wrapper = wrap_for_export(model, task, backbone_only=True)
@@ -192,6 +194,8 @@ def test_segmentor_export_tool_matches_pytorch_at_two_sizes(tmp_path):
 @exports
 @pytest.mark.slow
 def test_fixed_size_export_refuses_other_sizes_and_dynamic_needs_multiples_of_32(tmp_path):
+    """A fixed-size export refuses other sizes; a dynamic one needs multiples of 32. ~5-15 s: an
+    ONNX export."""
     model, task = load_model(SEG_CFG, None, SHALLOW, backbone_only=True)
     wrapper = wrap_for_export(model, task, backbone_only=True)
     with pytest.raises(ValueError, match='multiples of 32'):

@@ -112,6 +112,8 @@ def _run_tool(tmp_path, env, flags=()):
 @needs_glibc
 @pytest.mark.slow
 def test_tool_restarts_once_with_tcmalloc_preloaded(tmp_path):
+    """A tool started with the stand-in allocator restarts itself once with it preloaded and goes
+    on. ~20-50 s: a tool's process and its restart."""
     lib = _stand_in(tmp_path)
     lines = _run_tool(tmp_path, {MALLOC_ENV: lib}, flags=('-O',))
     (s1, before), (s2, after), (s3, continues) = lines
@@ -128,6 +130,8 @@ def test_tool_restarts_once_with_tcmalloc_preloaded(tmp_path):
 @pytest.mark.parametrize('case', ['glibc chosen', 'already loaded'])
 @pytest.mark.slow
 def test_tool_is_not_restarted(tmp_path, case):
+    """A tool with glibc chosen, or the allocator already preloaded, is not restarted. ~10 s: a
+    tool's process."""
     lib = _stand_in(tmp_path)
     env = {MALLOC_ENV: 'glibc'} if case == 'glibc chosen' else {MALLOC_ENV: lib, 'LD_PRELOAD': lib}
     lines = _run_tool(tmp_path, env)
@@ -177,6 +181,7 @@ def test_train_tool_runs_on_the_preloaded_allocator(shapes, tmp_path):
 @needs_glibc
 @pytest.mark.slow
 def test_missing_library_is_refused_by_the_tool(tmp_path):
+    """A tool given an allocator library that is not there stops naming it. ~10 s: a tool's process."""
     env = dict(_clean_env(), **{MALLOC_ENV: str(tmp_path / 'libtcmalloc.so.4')})
     out = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'train.py'), DEMO_DET,
                           '--work-dir', str(tmp_path / 'work')], cwd=ROOT, env=env,

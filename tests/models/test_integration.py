@@ -7,6 +7,8 @@ from conftest import build_model, config_from_text, finite_loss_and_grads, seg_i
 @pytest.mark.parametrize('arch', ['nano_12_p16', 'nano_12_p8'])
 @pytest.mark.slow
 def test_xcit_in_mmdets_own_mask_rcnn_config(tmp_path, arch):
+    """XCiT in mmdet's own Mask R-CNN config trains a step and predicts. ~2-8 s: the detector's
+    step."""
     from mmdet.testing import demo_mm_inputs
     cfg = config_from_text(tmp_path, f"""
         _base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
@@ -36,6 +38,7 @@ def test_xcit_in_mmdets_own_mask_rcnn_config(tmp_path, arch):
 ])
 @pytest.mark.slow
 def test_xcit_in_mmsegs_own_configs(tmp_path, base, heads):
+    """XCiT in mmseg's own configs trains a step and predicts. ~2-8 s: the segmentor's step."""
     cfg = config_from_text(tmp_path, f"""
         _base_ = '{base}'
         custom_imports = dict(imports=['deepvit_mm'], allow_failed_imports=False)

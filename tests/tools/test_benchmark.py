@@ -55,6 +55,7 @@ def _sleep(seconds):
 @pytest.mark.skipif(not LINUX, reason='Linux /proc')
 @pytest.mark.slow
 def test_cpu_peak_memory_sees_a_known_allocation_and_nothing_else():
+    """``run_isolated`` measures a known allocation's growth in a fresh process. ~10 s: the process."""
     growth, method, absolute = bm.run_isolated(_allocate, 200)
     assert 195 <= growth < 260, growth
     assert method == 'VmHWM - VmRSS (fresh process)'
@@ -208,6 +209,8 @@ def test_cait_timm_baseline_runs_at_the_input_grid_with_our_embedding():
 ])
 @pytest.mark.slow
 def test_compare_same_outputs_and_ratios(arch, kwargs, err):
+    """``compare`` gives the same outputs for ours and timm's and consistent ratios. ~2-6 s: each
+    mode measured."""
     fp16 = cpu_float16_training_problem() is None  # torch 2.1: no float16 CPU autocast
     modes = (('fwd', 'fp32'), ('fwd', 'bf16'), ('train', 'fp32')) + ((('fwd', 'fp16'),) if fp16 else ())
     res = bm.compare(arch, (64, 96), warmup=0, repeats=1, memory=False,
@@ -339,6 +342,8 @@ def test_roofline_sums_each_operator_at_its_limit():
 
 @pytest.mark.slow
 def test_compare_compiled_against_eager_and_the_roofline():
+    """``compare(compile=True)``: ours and timm's 4-block nano compiled by inductor against eager
+    and the roofline. ~30-80 s: two inductor compilations on the CPU."""
     import torch._dynamo.config as cfg
     limit = 'recompile_limit' if hasattr(cfg, 'recompile_limit') else 'cache_size_limit'
     before = getattr(cfg, limit)
@@ -385,6 +390,8 @@ def test_cait_variant_table():
 # --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
+    """tools/analysis/benchmark.py --quick writes its report and the command that reproduces it.
+    ~5-10 s: the measurements."""
     tool = _tool('benchmark')
     out = tmp_path / 'bench'
     argv = ['--quick', '--sizes', '64', '--dtypes', 'fp32', '--breakdown', '--out-dir', str(out)]
@@ -441,6 +448,8 @@ def test_benchmark_tool_option_errors():
 
 @pytest.mark.slow
 def test_memory_train_step_tool_both_settings_in_fresh_processes(capsys):
+    """tools/analysis/memory_train_step.py measures both settings, each in a fresh process. ~5-10 s:
+    the processes."""
     tool = _tool('memory_train_step')
     tool.main([DEMO_DET, '--height', '64', '--width', '96', '--num-objects', '2',
                '--cfg-options', 'model.backbone.arch=nano_12_p16'])
@@ -550,6 +559,8 @@ def test_split_step_leaves_the_gradients_of_a_whole_step(config, cfg_options, pa
 @pytest.mark.parametrize('dtype', ['fp32', 'bf16'])
 @pytest.mark.slow
 def test_profile_train_step_tool(capsys, dtype):
+    """tools/analysis/profile_train_step.py on the demo detector: its table and rows. ~5-10 s: a
+    profiled training step."""
     tool = _tool('profile_train_step')
     import sys
     argv = sys.argv

@@ -66,6 +66,8 @@ def _runner_lrs(tmp_path, **kwargs) -> list:
 
 @pytest.mark.slow
 def test_auto_scale_lr_scales_the_runner_lr_to_the_batch(tmp_path):
+    """mmengine's Runner scales the lr to the batch with --auto-scale-lr only. ~2-4 s: two Runners
+    built."""
     cfg = Config.fromfile(DEMO_SEG)
     lr, base = cfg.optim_wrapper.optimizer.lr, cfg.auto_scale_lr.base_batch_size
     half = {'train_dataloader.batch_size': base // 2}
@@ -75,6 +77,8 @@ def test_auto_scale_lr_scales_the_runner_lr_to_the_batch(tmp_path):
 
 @pytest.mark.slow
 def test_auto_scale_lr_without_a_base_batch_says_what_to_add(tmp_path):
+    """--auto-scale-lr on a config without a base batch: what to add, from prepare_config and from
+    tools/train.py as a process. ~10 s: the process."""
     config = tmp_path / 'no_base.py'
     config.write_text(f"_base_ = '{DEMO_SEG}'\nauto_scale_lr = dict(_delete_=True, enable=False)\n")
     with pytest.raises(ValueError, match=r'auto_scale_lr = dict\(enable=False, base_batch_size=N\)'):
@@ -157,6 +161,8 @@ def test_an_unknown_vis_backend_is_refused_with_the_names():
 
 @pytest.mark.slow
 def test_a_vis_backend_without_its_package_names_the_pip_install(monkeypatch, tmp_path):
+    """tools/train.py --vis-backend wandb without wandb, as a process: one line naming the pip
+    install. ~10 s: the process."""
     monkeypatch.setattr(apis_config, '_installed', lambda module: module != 'wandb')
     cfg = Config.fromfile(DEMO_SEG)
     before = list(cfg.visualizer.vis_backends)
@@ -214,6 +220,7 @@ def test_image_demo_takes_mmdets_flags(tmp_path, demo):
 
 @pytest.mark.slow
 def test_image_demo_segmentor_flags(tmp_path, demo):
+    """demo/image_demo.py's segmentor flags (in this process). ~1-5 s: a segmentor built and run."""
     from deepvit_tools.demo_data import make_ade_demo
     make_ade_demo(str(tmp_path / 'data'), num_train=1, num_val=1, size=128, seed=1)
     (image,) = glob.glob(str(tmp_path / 'data' / 'images' / 'validation' / '*.jpg'))

@@ -198,6 +198,8 @@ def test_attention_counts_follow_the_papers_formulas():
 
 @pytest.mark.slow
 def test_get_flops_tool_reports_backbone_neck_and_heads(tmp_path):
+    """tools/analysis/get_flops.py as a process: its JSON has each part and their sum. ~10-20 s: the
+    tool's process and a count on the meta device."""
     out = tmp_path / 'flops.json'
     run = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'analysis', 'get_flops.py'),
                           DEMO_SEG, DEMO_DET, '--shape', '256', '320', '--json', str(out)],
@@ -376,6 +378,8 @@ def test_mim_finds_an_editable_install_through_the_checkout(tmp_path):
 
 @pytest.mark.slow
 def test_mmengine_get_config_takes_the_metafile_weights(installed, tmp_path):
+    """mmengine's ``get_config('deepvit_mm::...')`` from the installed wheel, in a process: the
+    metafile's weights. ~10 s: the process."""
     code = ("import deepvit_mm\nfrom mmengine.hub import get_config\n"
             "cfg = get_config('deepvit_mm::configs/upernet_xcit_s12_16_160k_ade20k.py', "
             "pretrained=True)\nprint(cfg.model_path, cfg.model.backbone.arch)\n")
@@ -476,6 +480,7 @@ def test_image_demo_draws_predictions_from_a_file_and_an_url(config, tmp_path, s
 
 @pytest.mark.slow
 def test_image_demo_names_the_missing_weights(tmp_path):
+    """demo/image_demo.py as a process names a weights file that is not there. ~10 s: the process."""
     run = subprocess.run([sys.executable, os.path.join(ROOT, 'demo', 'image_demo.py'), 'x.jpg',
                           DEMO_SEG, '--weights', str(tmp_path / 'nothing.pth')],
                          capture_output=True, text=True, timeout=300, env=ENV, cwd=str(tmp_path))

@@ -157,6 +157,8 @@ def one_node(shapes, tmp_path_factory):
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_two_cpu_processes_end_with_identical_weights(one_node):
+    """The one-node run (the module's fixture, ~20-40 s: a 2-process torchrun) ends with the same
+    weights on both ranks."""
     work, log = one_node
     r0, r1 = (read_checkpoint(str(work / f'rank{r}.pth')) for r in (0, 1))
     assert r0['wrapper'] == r1['wrapper'] == 'CPUDistributedDataParallel'

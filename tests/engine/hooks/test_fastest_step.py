@@ -81,6 +81,8 @@ def two_threads():
 @pytest.mark.slow
 def test_the_trial_cycles_the_settings_then_trains_in_the_fastest(shapes, tmp_path, monkeypatch,
                                                                   winner_precision, two_threads):
+    """FastestStepHook's trial on the demo detector (a fake clock): every setting tried, the winner
+    kept and resumed. ~5-10 s: training iterations of the detector."""
     if winner_precision == 'bfloat16' and not cpu_has_bfloat16():
         pytest.skip('bfloat16 is a candidate only on CPUs with native bfloat16')
     threads = torch.get_num_threads()

@@ -60,6 +60,8 @@ def reference(shapes, tmp_path_factory):
 
 @pytest.mark.slow
 def test_same_seed_same_losses(reference, shapes, tmp_path):
+    """A second 12-step run of tools/train.py logs the reference run's losses, bit for bit. ~20-50
+    s: two training processes (the reference is the module's)."""
     _run(_train_cmd(shapes, tmp_path, 12, 4))
     la, lb = _losses(reference), _losses(tmp_path)
     assert len(la) == 12 and la == lb

@@ -88,6 +88,7 @@ def test_bf16_losses_close_to_float32():
 
 @pytest.mark.slow
 def test_train_amp_on_cpu_gives_finite_losses(shapes, tmp_path):
+    """tools/train.py --amp on the CPU: finite losses. ~10 s: a training process."""
     iters = 3
     cmd = [sys.executable, os.path.join(ROOT, 'tools', 'train.py'), CFG, '--amp', '--work-dir',
            str(tmp_path), '--cfg-options', f'train_dataloader.dataset.data_root={shapes}/',

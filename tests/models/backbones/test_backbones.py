@@ -276,6 +276,7 @@ def _step(m, x):
 
 @_on(LIGHT)
 def test_every_trainable_parameter_gets_a_gradient(backbone):
+    """Every trainable parameter gets a finite, non-zero gradient. ~1-5 s: a step at full depth."""
     m = _trainable_copy(backbone)
     _step(m, torch.randn(1, 3, 64, 96))
     assert not _no_gradient(m), _no_gradient(m)
@@ -283,6 +284,7 @@ def test_every_trainable_parameter_gets_a_gradient(backbone):
 
 @_on(CP)
 def test_with_cp_gives_the_same_outputs_and_gradients(backbone):
+    """with_cp gives the outputs and gradients of the plain model. ~1-8 s: two models' steps."""
     family, arch, _ = backbone
     ref = _trainable_copy(backbone)
     cp = FAMILIES[family](arch, drop_path_rate=0.0, with_cp=True).train()
@@ -316,6 +318,7 @@ def _timm_model(family, m: ColumnarBackbone) -> torch.nn.Module:
 
 @_on(LIGHT)
 def test_taps_equal_timms_own_model(backbone):
+    """The taps equal timm's own model's intermediate outputs. ~1-3 s."""
     family = backbone[0]
     m = randomize_(_copy(backbone)).eval()
     ref = _timm_model(family, m)
@@ -439,6 +442,8 @@ def _stats(m):
 @pytest.mark.parametrize('k', [-1, 0, 3])
 @pytest.mark.slow
 def test_frozen_stages(registry, family, arch, k):
+    """frozen_stages freezes the patch embedding and the first k blocks, through mmengine's train().
+    ~1-6 s: a model's step."""
     m = _build(registry, family, arch, frozen_stages=k)
     m.train()  # what mmengine's loop does before training: freezing must survive it
     frozen, trainable, frozen_mods = _frozen_and_trainable(m, k)
@@ -479,6 +484,8 @@ def test_frozen_stages(registry, family, arch, k):
 @pytest.mark.parametrize('registry', REGISTRIES)
 @pytest.mark.parametrize('family,arch', SMALLEST_ARCHS)
 def test_norm_eval(registry, family, arch):
+    """norm_eval keeps BatchNorm statistics while every parameter learns. ~1-5 s (BEiT: a base
+    model)."""
     m = _build(registry, family, arch, norm_eval=True).train()
     bns = [bn for bn in m.modules() if isinstance(bn, _BatchNorm)]
     others = [mod for mod in m.modules() if not isinstance(mod, _BatchNorm)]
@@ -510,6 +517,8 @@ def _count_block_calls(m):
 @pytest.mark.parametrize('k', [-1, 2])
 @pytest.mark.slow
 def test_with_cp_replays_drop_path_and_updates_statistics_once(family, arch, k):
+    """with_cp gives the outputs and gradients of the plain model with drop path on, and BatchNorm
+    statistics one update a step. ~3-10 s: two models and their steps per case."""
     kw = dict(frozen_stages=k, drop_path_rate=0.2)  # drop path: checkpointing must replay it
     ref = _build('mmdet', family, arch, **kw).train()
     cp = _build('mmseg', family, arch, with_cp=True, **kw).train()

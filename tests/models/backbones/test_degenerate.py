@@ -18,6 +18,7 @@ def backbone(request):
 @pytest.mark.parametrize('pad_input', [True, False])
 @pytest.mark.parametrize('size', [(64, 96), (70, 100)])
 def test_empty_batch_gives_empty_maps_of_the_right_size(backbone, pad_input, size):
+    """An empty batch gives empty maps of the sizes a one-image batch gives. ~0.1-5 s."""
     backbone.pad_input = pad_input
     try:
         with torch.no_grad():
@@ -55,6 +56,7 @@ def test_double_model_takes_double_input():
 
 @pytest.mark.slow
 def test_cait_attention_that_cannot_fit_is_refused_before_allocating():
+    """A CaiT attention too large for memory is refused before allocating. ~1-4 s."""
     m = _build('CaiT', 'xxs24', query_chunks=False).eval()  # timm's attention: N x N maps
     with pytest.raises(MemoryError, match=r'\(500x500 patches\) needs at least .* GiB .*'
                                           r'window_size=14'):
@@ -89,6 +91,8 @@ def test_bad_arguments_say_what_to_pass(family, arch, kwargs, error, match):
 @pytest.mark.parametrize('family,arch,name', [('XCiT', 'nano_12_p16', 'gram_xca'),
                                               ('CaiT', 'xxs24', 'query_chunks')])
 def test_the_faster_forward_has_one_name_per_family(family, arch, name):
+    """Each family's faster forward is one switch (``fast_path_name``): 'auto', True or False, no
+    second name for it. ~1-4 s: the model built twice."""
     m = _build(family, arch, **{name: False})
     assert getattr(m, name) is False and type(m).fast_path_name == name
     setattr(m, name, 'auto')

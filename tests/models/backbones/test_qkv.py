@@ -84,6 +84,8 @@ def _table2_cases():
 
 @pytest.mark.parametrize('name,variant,paper', list(_table2_cases()))
 def test_table2_parameter_counts(name, variant, paper):
+    """The paper's Table 2 parameter counts of each Q/K/V embedding. ~1-15 s: the classifiers built
+    at full size."""
     model = _classifier(name, VARIANTS[variant])
     n = sum(p.numel() for p in model.parameters())
     buffers = {k for k, _ in model.named_buffers()}
@@ -181,6 +183,8 @@ def test_rest_of_xca_is_timms(kind):
 
 @pytest.mark.slow
 def test_linear_is_timms_own_layer_and_equals_timm():
+    """The linear Q/K/V embedding is timm's layer and gives timm's outputs. ~5-10 s: timm's models
+    built beside ours."""
     default, explicit = XCiT('nano_12_p16').eval(), XCiT('nano_12_p16',
                                                          qkv_cfg=dict(type='Linear')).eval()
     assert type(explicit.trunk.blocks[0].attn.qkv) is torch.nn.Linear
@@ -200,6 +204,7 @@ def test_linear_is_timms_own_layer_and_equals_timm():
 
 @pytest.mark.parametrize('variant', list(NONLINEAR))
 def test_only_the_qkv_embedding_changes(variant):
+    """A Q/K/V variant changes only the Q/K/V embedding. ~1-4 s: two models built."""
     linear = XCiT('nano_12_p16').state_dict().keys()
     other = XCiT('nano_12_p16', qkv_cfg=NONLINEAR[variant])
     keys = other.state_dict().keys()
@@ -240,6 +245,7 @@ def test_codes_are_one_parameter_shared_by_all_layers():
 
 
 def test_codes_train_and_round_trip():
+    """The F-SNE codes train and round-trip through a checkpoint. ~1-4 s."""
     m = _fsne_backbone()
     wrapper = build_optim_wrapper(m, dict(
         type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-2, weight_decay=0.05),
@@ -279,6 +285,7 @@ def test_codes_gradients_with_checkpointing_and_casting():
 
 
 def test_codes_frozen_only_with_every_block():
+    """The F-SNE codes freeze only with every block. ~1-4 s."""
     assert _fsne_backbone(frozen_stages=3).trunk.qkv_codes.weight.requires_grad
     assert not _fsne_backbone(frozen_stages=12).trunk.qkv_codes.weight.requires_grad
 
@@ -295,6 +302,7 @@ def linear_ckpt(tmp_path_factory):
 
 @pytest.mark.parametrize('variant', list(NONLINEAR))
 def test_linear_checkpoint_into_nonlinear_qkv(linear_ckpt, variant):
+    """A linear Q/K/V checkpoint loads into a non-linear model with one report. ~1-4 s."""
     path, sd = linear_ckpt
     m = XCiT('nano_12_p16', qkv_cfg=NONLINEAR[variant])
     report = m.load_pretrained(path)
@@ -314,6 +322,7 @@ def test_linear_checkpoint_into_nonlinear_qkv(linear_ckpt, variant):
 
 @pytest.mark.slow
 def test_nonlinear_checkpoint_round_trip_and_refusals(tmp_path):
+    """A non-linear Q/K/V checkpoint saves and loads back; a mismatched one is refused. ~1-4 s."""
     src = XCiT('nano_12_p16', qkv_cfg=dict(type='PSNE')).eval()
     path = tmp_path / 'det.pth'
     torch.save({'state_dict': {f'backbone.{k}': v for k, v in src.state_dict().items()},
@@ -365,6 +374,8 @@ def test_nothing_to_replace_and_no_double_replacement():
 @pytest.mark.parametrize('variant', list(NONLINEAR))
 @pytest.mark.slow
 def test_mask_rcnn_trains_with(tmp_path, variant):
+    """mmdet's Mask R-CNN with a non-linear Q/K/V backbone trains a step. ~5-10 s: the detector's
+    step."""
     from mmdet.testing import demo_mm_inputs
     cfg = config_from_text(tmp_path, f"""
         _base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
@@ -386,6 +397,8 @@ def test_mask_rcnn_trains_with(tmp_path, variant):
 @pytest.mark.parametrize('variant', list(NONLINEAR))
 @pytest.mark.slow
 def test_upernet_trains_with(tmp_path, variant):
+    """mmseg's UperNet with a non-linear Q/K/V backbone trains a step. ~5-20 s: a UperNet at
+    512-channel heads."""
     cfg = config_from_text(tmp_path, f"""
         _base_ = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
         custom_imports = dict(imports=['deepvit_mm'], allow_failed_imports=False)
@@ -427,6 +440,7 @@ def test_configs_select_the_variant(name, want):
 
 @pytest.mark.slow
 def test_fsne_recipe_weight_decay_groups():
+    """The F-SNE recipe's optimizer groups. ~1-4 s: the recipe's model built."""
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, 'mask_rcnn_xcit_t12_16_fsne8s_3x.py'))
     fit_precision_to_device(cfg)  # its float16 AmpOptimWrapper needs a GPU
     model = build_model(cfg)

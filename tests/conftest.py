@@ -28,6 +28,13 @@ import threading
 # and tests/engine/hooks/test_resume.py on two processes ran in 492 s spinning, 183 s sleeping.
 # Set before torch loads its OpenMP runtime, which reads it once.
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+# torch.compile's kernels go to a folder of this run's (its processes inherit it; removed at the
+# end by the process that made it): no kernel of another run, torch release or ISA is loaded.
+_INDUCTOR_DIR = None
+if 'TORCHINDUCTOR_CACHE_DIR' not in os.environ:
+    import tempfile
+    _INDUCTOR_DIR = os.environ['TORCHINDUCTOR_CACHE_DIR'] = tempfile.mkdtemp(
+        prefix='deepvit_mm_tests_inductor_')
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -100,6 +107,12 @@ def pytest_collection_modifyitems(config, items):
         weight[item.path] = weight.get(item.path, 0) + w
     order = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
     items.sort(key=lambda item: (-weight[item.path], order[item.path]))
+
+
+def pytest_unconfigure(config):
+    if _INDUCTOR_DIR is not None:
+        import shutil
+        shutil.rmtree(_INDUCTOR_DIR, ignore_errors=True)
 
 
 def pytest_configure(config):

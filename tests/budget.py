@@ -1,9 +1,11 @@
 """The suite's time budget, checked by every run (conftest imports these hooks).
 
-A test whose setup and call take longer than ``SLOW_S`` seconds must be marked ``slow`` (the fast
-tier, ``make test-fast``, is what a change is checked with in a minute) and must say in its
-docstring why it takes that long. A run with a test that breaks either rule fails, naming it and
-its time. ``DEEPVIT_TEST_SLOW_S`` sets another limit (the tests of this file use it).
+A test whose setup and call take more than ``SLOW_S`` seconds of CPU time (its process's and that
+of the processes it started and waited for: a measure that another process sharing the cores does
+not inflate, as it does wall time) must be marked ``slow`` (the fast tier, ``make test-fast``, is
+what a change is checked with first) and must say in its docstring why it takes that long. A run
+with a test that breaks either rule fails, naming it and its time. ``DEEPVIT_TEST_SLOW_S`` sets
+another limit (tests/test_budget.py uses it).
 """
 import os
 
@@ -17,16 +19,27 @@ def slow_limit() -> float:
     return float(os.environ.get('DEEPVIT_TEST_SLOW_S', SLOW_S))
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children that have ended (user + system)."""
+    import resource
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_START] = cpu_seconds()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Adds a test's setup time to its call and, where the two exceed the limit, what is wrong
-    to its report (reports travel from pytest-xdist's processes to the one that prints)."""
+    """Where a test's setup and call took more CPU time than the limit, adds what is wrong to its
+    report (reports travel from pytest-xdist's processes to the one that prints)."""
     outcome = yield
     report = outcome.get_result()
-    if call.when == 'setup':
-        item.stash[_SETUP] = call.duration
-    elif call.when == 'call' and report.passed:
-        took = item.stash.get(_SETUP, 0.0) + call.duration
+    if call.when == 'call' and report.passed and _START in item.stash:
+        took = cpu_seconds() - item.stash[_START]
         limit = slow_limit()
         if took > limit:
             missing = []
@@ -37,11 +50,11 @@ def pytest_runtest_makereport(item, call):
                 missing.append('has no docstring saying why')
             if missing:
                 report.user_properties.append(
-                    (_KEY, f'{item.nodeid} took {took:.1f} s (over {limit:g} s) and '
+                    (_KEY, f'{item.nodeid} took {took:.1f} s of CPU (over {limit:g} s) and '
                            f'{" and ".join(missing)}'))
 
 
-_SETUP = pytest.StashKey[float]()
+_START = pytest.StashKey[float]()
 _BROKEN = []  # in the process that reports the run (pytest-xdist's sends it every report)
 
 

@@ -41,6 +41,7 @@ import torch  # noqa: E402
 from budget import (  # noqa: E402,F401
     pytest_runtest_logreport,
     pytest_runtest_makereport,
+    pytest_runtest_setup,
     pytest_sessionfinish,
     pytest_terminal_summary,
 )

@@ -255,6 +255,8 @@ def _mim(site, *args, cwd, timeout=600):
 
 @pytest.mark.slow
 def test_wheel_ships_the_model_index_tools_and_configs(installed):
+    """The built wheel's .mim holds model-index.yml, its metafiles, the configs and the tools. The
+    first test of the module's wheel (``installed``: ~10 s, ``pip wheel`` of this tree)."""
     mim = installed / 'deepvit_mm' / '.mim'
     with open(mim / 'model-index.yml') as f:
         index = yaml.safe_load(f)
@@ -318,6 +320,8 @@ def test_mim_without_pkg_resources():
 @pytest.mark.slow
 @needs_mim
 def test_mim_search_lists_every_recipe(installed, tmp_path):
+    """``mim search deepvit_mm`` (and ``--json``) lists every recipe. ~10-20 s: two mim
+    processes."""
     run = _mim(installed, 'search', 'deepvit_mm', cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     listed = _listed(run.stdout)

@@ -13,6 +13,8 @@ import pytest
 
 SLOW_S = 5.0
 _KEY = 'budget'
+_START = pytest.StashKey[float]()  # CPU seconds when a test's setup began
+_BROKEN = []  # in the process that reports the run (pytest-xdist's sends it every report)
 
 
 def slow_limit() -> float:
@@ -54,9 +56,6 @@ def pytest_runtest_makereport(item, call):
                            f'{" and ".join(missing)}'))
 
 
-_START = pytest.StashKey[float]()
-_BROKEN = []  # in the process that reports the run (pytest-xdist's sends it every report)
-
 
 def pytest_runtest_logreport(report):
     """Gathers what the tests' reports say of the budget."""
@@ -71,8 +70,7 @@ def pytest_sessionfinish(session):
 
 def pytest_terminal_summary(terminalreporter):
     """Names the tests over the limit."""
-    broken = _BROKEN
-    if broken:
+    if _BROKEN:
         terminalreporter.section('time budget (tests/budget.py)', red=True)
-        for line in broken:
+        for line in _BROKEN:
             terminalreporter.line(line)

@@ -79,7 +79,6 @@ def family_archs(family) -> tuple:
 EARLY = (0, 1, 2, 3)
 
 
-
 def session_threads() -> int:
     """The threads each test process computes with: the cores shared among pytest-xdist's
     processes (one each for two processes on two cores), at most 2."""

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, TESTS
+from conftest import ROOT, TESTS, run_in_process
 
 from deepvit_mm.checkpoints import find_resumable_checkpoint, read_checkpoint
 
@@ -110,7 +110,6 @@ def test_kill_during_a_checkpoint_write_loses_nothing_complete(reference, shapes
 def test_non_finite_loss_stops_training(shapes, tmp_path, monkeypatch):
     """tools/train.py, in this process (the other tests start it as a process): the first
     iteration's loss is NaN and the run stops with what happened and what was saved."""
-    from conftest import run_in_process
     cmd = _train_cmd(shapes, tmp_path / 'wd', 6, 2,
                      opts=['model.roi_head.bbox_head.loss_bbox.loss_weight=nan'])
     monkeypatch.chdir(ROOT)

@@ -1,11 +1,13 @@
-"""tests/budget.py: a run fails where a test over the time limit is not marked slow or does not say
-why in its docstring, with pytest-xdist's processes or without."""
+"""tests/budget.py: a run fails where a test marked slow does not say why in its docstring, or a
+test over the time limit is not marked slow, with pytest-xdist's processes or without."""
 import os
 import subprocess
 import sys
 import textwrap
 
+import budget
 import pytest
+import torch
 from conftest import TESTS
 
 CASES = '''
@@ -22,8 +24,13 @@ def spin(seconds):
 def test_quick():
     time.sleep(0.4)  # waiting costs no CPU time
 
-def test_unmarked():
+def test_unmarked_said():
+    """Computes."""
     spin(0.4)
+
+def test_unmarked_in_a_process():  # the CPU time of a process it waited for counts
+    subprocess.run([sys.executable, '-c', 'import time; t = time.process_time()\\n'
+                    'while time.process_time() - t < 0.4: pass'], check=True)
 
 @pytest.mark.slow
 def test_marked_and_said():
@@ -31,19 +38,18 @@ def test_marked_and_said():
     spin(0.4)
 
 @pytest.mark.slow
-def test_marked_unsaid():  # the CPU time of a process it waited for counts
-    subprocess.run([sys.executable, '-c', 'import time; t = time.process_time()\\n'
-                    'while time.process_time() - t < 0.4: pass'], check=True)
+def test_marked_unsaid():
+    pass
 '''
 
 
 @pytest.mark.parametrize('workers', [
     pytest.param([], id='one process'),
     pytest.param(['-n', '2'], id='xdist', marks=pytest.mark.slow)])
-def test_a_run_fails_on_a_test_over_the_limit(tmp_path, workers):
-    """A pytest run of four tests, two over a limit of 0.2 s of CPU that break a rule (one of them
-    in a process it starts), one that waits 0.4 s without computing. With pytest-xdist, ~5 s: its
-    two processes start and import pytest."""
+def test_a_run_fails_on_a_test_against_the_rules(tmp_path, workers):
+    """A pytest run of five tests, two over a limit of 0.2 s of CPU without the mark (one of them
+    in a process it starts), one marked slow without a docstring, one that waits 0.4 s without
+    computing. With pytest-xdist, ~5 s: its two processes start and import pytest."""
     (tmp_path / 'conftest.py').write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {TESTS!r})
@@ -56,11 +62,29 @@ def test_a_run_fails_on_a_test_over_the_limit(tmp_path, workers):
                           *workers, 'test_cases.py'], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120, env={**os.environ, 'DEEPVIT_TEST_SLOW_S': '0.2'})
     out = run.stdout
-    assert run.returncode == 1 and '4 passed' in out, out[-3000:] + run.stderr[-2000:]
+    assert run.returncode == 1 and '5 passed' in out, out[-3000:] + run.stderr[-2000:]
     section = out[out.index('time budget (tests/budget.py)'):].splitlines()[1:]
     section = sorted(line for line in section if '::' in line)
-    assert len(section) == 2, out[-3000:]
-    assert section[0].startswith('test_cases.py::test_marked_unsaid took ') and \
-        section[0].endswith(' s of CPU (over 0.2 s) and has no docstring saying why'), section
-    assert section[1].startswith('test_cases.py::test_unmarked took ') and section[1].endswith(
-        ' s of CPU (over 0.2 s) and is not marked slow and has no docstring saying why'), section
+    assert len(section) == 3, out[-3000:]
+    assert section[0] == 'test_cases.py::test_marked_unsaid is marked slow and has no docstring ' \
+                         'saying why', section
+    for line, name in zip(section[1:], ['test_unmarked_in_a_process', 'test_unmarked_said']):
+        assert line.startswith(f'test_cases.py::{name} took ') and line.endswith(
+            ' s of CPU (over 0.2 s) and is not marked slow'), section
+
+
+def test_the_limit_grows_with_a_slower_cpu_never_shrinks(monkeypatch):
+    monkeypatch.delenv('DEEPVIT_TEST_SLOW_S', raising=False)
+    for floor, limit in [(budget.FLOOR_S / 2, budget.SLOW_S), (budget.FLOOR_S, budget.SLOW_S),
+                         (budget.FLOOR_S * 1.5, budget.SLOW_S * 1.5)]:
+        monkeypatch.setattr(budget, '_FLOOR', [floor])
+        assert budget.slow_limit() == pytest.approx(limit)
+    monkeypatch.setenv('DEEPVIT_TEST_SLOW_S', '0.25')
+    assert budget.slow_limit() == 0.25
+
+
+def test_the_floor_is_timed_on_one_thread_and_gives_the_threads_back():
+    threads = torch.get_num_threads()
+    floor = budget.floor_seconds(repeats=1)
+    assert torch.get_num_threads() == threads
+    assert 0 < floor < 10 * budget.FLOOR_S, floor  # the work is the ~0.05 s it is meant to be

@@ -249,6 +249,8 @@ def test_tools_train_and_test_the_demo(site_without, family, tmp_path, request):
 
 
 def test_import_without_either_says_what_to_install(site_without):
+    """With neither mmdet nor mmsegmentation, ``import deepvit_mm`` fails with the pip install to
+    run. Slow for its fresh interpreter, on a site-packages folder of links made for this test."""
     out = _run_without(site_without(NEITHER), 'import deepvit_mm')
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]

@@ -72,6 +72,9 @@ def test_import_changes_only_what_it_lists(keep):
 
 
 def test_the_side_effects_are_listed_in_the_docs_and_the_docstring():
+    """deepvit_mm's docstring and docs/install.md name the opt-out variable and each thing the
+    import changes. Reads text in this process only: slow by the module's marker (its other tests
+    start interpreters)."""
     import deepvit_mm
     with open(os.path.join(ROOT, 'docs', 'install.md')) as f:
         docs = f.read()

@@ -27,6 +27,8 @@ def _views(cfg: Config) -> list:
 
 @pytest.mark.slow
 def test_ade20k_recipes_test_at_six_scales_with_and_without_flip():
+    """``--tta`` on an ADE20k recipe: SegTTAModel around the model, six scales with and without
+    flip. Reads the UperNet recipe through its chain of bases with mmengine."""
     cfg = Config.fromfile(os.path.join(ROOT, 'configs', 'upernet_xcit_t12_16_160k_ade20k.py'))
     backbone = cfg.model.backbone.type
     enable_tta(cfg)

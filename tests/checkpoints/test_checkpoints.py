@@ -46,6 +46,9 @@ def _assert_taps_match(backbone, timm_model):
 
 @pytest.mark.slow
 def test_official_release_pth(tmp_path, timm_model):
+    """The official release layout loads with ``load_pretrained``: taps equal timm's, the report
+    says what was dropped and left at init. Builds timm's XCiT-N12/16 (the module's fixture) and
+    ours, saves and loads the file, runs both at 64x96."""
     path = tmp_path / 'xcit_nano_12_p16_224.pth'
     torch.save(official_xcit_state_dict(timm_model), path)
     m = XCiT(ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
@@ -62,6 +65,9 @@ def test_official_release_pth(tmp_path, timm_model):
 
 @pytest.mark.slow
 def test_init_cfg_pretrained_goes_through_our_loader(tmp_path, timm_model):
+    """``init_cfg=Pretrained`` of a backbone built through mmdet's registry loads an official file:
+    taps equal timm's. A checkpoint saved, XCiT-N12/16 built and loaded, both models run at
+    64x96."""
     path = tmp_path / 'official.pth'
     torch.save(official_xcit_state_dict(timm_model), path)
     m = _build(path)
@@ -70,6 +76,8 @@ def test_init_cfg_pretrained_goes_through_our_loader(tmp_path, timm_model):
 
 @pytest.mark.slow
 def test_timm_pth_and_safetensors(tmp_path, timm_model):
+    """timm's state dict as .pth, .safetensors and suffix-less safetensors: each loads, taps equal
+    timm's. Three files saved; XCiT-N12/16 built, loaded and run at 64x96 for each."""
     sd = {k: v.contiguous() for k, v in timm_model.state_dict().items()}
     torch.save(sd, tmp_path / 'timm.pth')
     save_file(sd, str(tmp_path / 'timm.safetensors'))
@@ -89,6 +97,8 @@ def _mmengine_meta():
 
 @pytest.mark.slow
 def test_detector_checkpoint_with_mmengine_meta_loads_everything(tmp_path):
+    """A detector checkpoint with mmengine's meta data loads every backbone tensor, and mmengine's
+    own reader reads its message hub. Two XCiT-N12/16 built, the checkpoint saved and read twice."""
     src = XCiT(ARCH)
     for p in src.adapter.parameters():
         p.data.normal_()
@@ -107,6 +117,8 @@ def test_detector_checkpoint_with_mmengine_meta_loads_everything(tmp_path):
 
 @pytest.mark.slow
 def test_official_detection_layout_maps_fpn_levels(tmp_path):
+    """The official detection layout (``backbone.fpn1..4``, ``pos_embeder``) loads into the trunk
+    and the adapter's levels. Two XCiT-N12/16 built, a checkpoint saved and loaded."""
     src = XCiT('nano_12_p16')
     for p in src.adapter.parameters():
         p.data.normal_()
@@ -129,6 +141,8 @@ def test_official_detection_layout_maps_fpn_levels(tmp_path):
 
 @pytest.mark.slow
 def test_other_size_refused_with_tensor_names(tmp_path):
+    """An XCiT-T12 checkpoint into N12 is refused naming the mismatched tensors and the arch it
+    fits. timm's XCiT-T12/16 built and saved, ours built."""
     big = timm.create_model('xcit_tiny_12_p16_224')
     path = tmp_path / 'tiny.pth'
     torch.save(official_xcit_state_dict(big), path)
@@ -142,6 +156,8 @@ def test_other_size_refused_with_tensor_names(tmp_path):
 
 @pytest.mark.slow
 def test_deeper_model_refused(tmp_path):
+    """An XCiT-T24 checkpoint into T12 is refused naming the blocks T12 lacks. timm's XCiT-T24/16
+    built and saved, ours (T12/16) built."""
     deep = timm.create_model('xcit_tiny_24_p16_224')
     path = tmp_path / 'tiny24.pth'
     torch.save(deep.state_dict(), path)
@@ -151,6 +167,8 @@ def test_deeper_model_refused(tmp_path):
 
 @pytest.mark.slow
 def test_other_family_refused(tmp_path):
+    """A ViT checkpoint is refused naming TimmViT's arch, a ConvNeXt one as a model deepvit_mm does
+    not know. timm's ViT-Ti/16 and test ConvNeXt built and saved, XCiT-N12/16 built for each."""
     # another family deepvit_mm builds: named, with the arch to set
     vit = timm.create_model('vit_tiny_patch16_224')
     path = tmp_path / 'vit.pth'

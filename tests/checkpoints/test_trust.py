@@ -78,6 +78,9 @@ DET_PATHS = [_via_init_detector, _via_det_inferencer, _via_runner_load_from]
 @pytest.mark.parametrize('load', DET_PATHS)
 @pytest.mark.slow
 def test_every_path_loads_through_the_matcher_with_one_report(det, load, logged):
+    """``init_detector``, ``DetInferencer`` and mmengine's ``load_checkpoint`` load the demo
+    detector's checkpoint through the matcher, with one report. Each builds the detector
+    (XCiT-N12/16); the first case also builds it for the module's checkpoint."""
     cfg_file, ckpt, want = det
     model = load(cfg_file, ckpt)
     got = model.state_dict()
@@ -92,6 +95,8 @@ def test_every_path_loads_through_the_matcher_with_one_report(det, load, logged)
 @pytest.mark.parametrize('load', DET_PATHS + [_via_init_cfg])
 @pytest.mark.slow
 def test_other_arch_refused_on_every_path(det, tmp_path, load):
+    """An XCiT-T12 detector checkpoint is refused by every loading path (``init_cfg``'s too), naming
+    the arch it fits. Builds the T12 detector to save, then the N12 one on the path."""
     cfg_file, _, _ = det
     cfg = _cfg(DET_CFG, arch='tiny_12_p16')
     cfg.model.neck.in_channels = [XCiT.arch_zoo['tiny_12_p16'].embed_dim] * 4
@@ -107,6 +112,9 @@ def test_other_arch_refused_on_every_path(det, tmp_path, load):
 @pytest.mark.parametrize('load', DET_PATHS)
 @pytest.mark.slow
 def test_timm_classifier_loads_into_the_backbone(det, tmp_path, load, logged):
+    """timm's XCiT-N12/16 classifier weights load into the detector's trunk on every path, with one
+    report of what was dropped and left at init. timm's model built and saved, the detector
+    built."""
     cfg_file, _, _ = det
     torch.manual_seed(5)
     timm_model = timm.create_model('xcit_nano_12_p16_224', num_classes=1000)
@@ -127,6 +135,9 @@ def test_timm_classifier_loads_into_the_backbone(det, tmp_path, load, logged):
 
 @pytest.mark.slow
 def test_other_class_count_is_skipped_and_reported(det, tmp_path, logged):
+    """A 3-class checkpoint into a 7-class detector: the class tensors are skipped and reported (at
+    WARNING through mmengine), refused with ``strict=True``. The detector built twice, three
+    loads."""
     cfg_file, ckpt, want = det
     cfg = Config.fromfile(cfg_file)
     cfg.model.roi_head.bbox_head.num_classes = 7
@@ -166,6 +177,8 @@ def test_nothing_loads_refused(det, tmp_path):
 
 @pytest.mark.slow
 def test_non_finite_weights_refused_by_name(det, tmp_path):
+    """A NaN in one tensor is refused on every loading path, naming the tensor. Each of the three
+    paths builds the detector (XCiT-N12/16) and reads the checkpoint."""
     cfg_file, ckpt, want = det
     sd = dict(want)
     sd['neck.fpn_convs.0.conv.weight'] = sd['neck.fpn_convs.0.conv.weight'].clone()
@@ -205,6 +218,9 @@ def test_segmentor_paths(tmp_path):
 # ------------------------------------------------------------------ no code from checkpoints
 @pytest.mark.slow
 def test_config_text_rules():
+    """What mmengine stores (``pretty_text``) passes; code, ``_base_``, new ``custom_imports`` and
+    calls are refused. Reads the demo detector's config through its mmdet bases and formats it with
+    yapf."""
     cfg = Config.fromfile(DET_CFG)
     assert config_text_problem(cfg.pretty_text) is None  # what mmengine itself stores
     for text in (EVIL, 'model = dict(type=__import__("os").system("x"))\n',
@@ -245,6 +261,9 @@ def test_inferencer_without_config_never_evaluates_code(det, tmp_path, monkeypat
 
 @pytest.mark.slow
 def test_inferencer_without_config_uses_plain_data_config(det):
+    """``DetInferencer(model=None)`` builds the detector from the plain-data config its checkpoint
+    stores and loads every tensor. The inferencer builds the detector, its pipeline and
+    visualizer."""
     from mmdet.apis import DetInferencer
     _, ckpt, want = det
     model = DetInferencer(model=None, weights=ckpt, device='cpu', show_progress=False).model
@@ -287,6 +306,8 @@ def test_folder_home_and_missing_paths(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_url_checkpoints_download_once_then_load(det, tmp_path, server, hub_dir, monkeypatch):
+    """A URL checkpoint is downloaded once into torch hub's folder (its SHA-256 beside it), then
+    loaded by ``load_from`` and ``init_cfg``; a missing one is refused. The detector built twice."""
     www, url, hits = server
     monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'hub'))
     cfg_file, ckpt, want = det

@@ -39,6 +39,9 @@ def _ids(paths):
 @pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
 @pytest.mark.slow
 def test_config_builds_its_model(path):
+    """The config builds its model and the neck or decode head reads the backbone's channels. Builds
+    the whole model on the meta device (structure only): the recipes' full-size ones (XCiT-M24,
+    ViT-B, BEiT-B and their heads) too."""
     cfg = Config.fromfile(path)
     assert 'deepvit_mm' in cfg.custom_imports['imports']
     # mmdet's or mmseg's registry by the config's default_scope; the structure only (meta device:

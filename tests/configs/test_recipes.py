@@ -134,6 +134,8 @@ def _lr_and_decay(model: torch.nn.Module, cfg: Config) -> Dict[str, tuple]:
 @pytest.mark.parametrize('recipe', RECIPES, ids=os.path.basename)
 @pytest.mark.slow
 def test_weight_decay_of_every_parameter_is_the_official_one(recipe):
+    """Every parameter's weight decay is what mmcv 1.3 gave it under the official config. Builds the
+    recipe's full-size model on the meta device and mmengine's optimizer groups over it."""
     cfg = load_config(recipe)  # no GPU here: AmpOptimWrapper -> OptimWrapper, same groups
     official = OFFICIAL[_task(recipe)]
     family = cfg.model.backbone.type.lower()
@@ -204,6 +206,9 @@ _MISMATCHES: Dict[str, List[tuple]] = {}
 @pytest.mark.parametrize('recipe', RECIPES, ids=os.path.basename)
 @pytest.mark.slow
 def test_lr_at_every_iteration_is_the_official_one(recipe):
+    """The lr at every iteration is the official schedule's. Steps mmengine's schedulers through
+    every iteration (263,880 for Mask R-CNN 3x, 160k/80k on ADE20k), once per schedule recipes
+    share."""
     cfg = Config.fromfile(recipe)
     task = _task(recipe)
     # COCO train2017: 117,266 images with annotations / 16 a batch = 7,330 iterations an epoch
@@ -227,6 +232,8 @@ def test_lr_at_every_iteration_is_the_official_one(recipe):
 @pytest.mark.parametrize('recipe', RECIPES, ids=os.path.basename)
 @pytest.mark.slow
 def test_drop_path_optimizer_batch_and_precision_are_the_official_ones(recipe, monkeypatch):
+    """Drop path, AdamW settings, batch and precision are the official config's. Reads the recipe
+    through its chain of bases with mmengine (and copies it for the fp16-on-a-GPU check)."""
     from deepvit_mm import CaiT, XCiT
     cfg = Config.fromfile(recipe)
     task, family, model_tag, _ = NAME.match(os.path.basename(recipe)).groups()
@@ -287,6 +294,9 @@ def _vitdet_lr(it: int) -> float:
 @pytest.mark.parametrize('recipe', VITDET_RECIPES, ids=os.path.basename)
 @pytest.mark.slow
 def test_vitdet_recipe_is_vitdets(recipe):
+    """The ViTDet recipe's lr, layer decay, weight decay and schedule are detectron2's. Builds
+    ViT-B's Mask R-CNN on the meta device and steps mmengine's schedulers through all 184,375
+    iterations."""
     cfg = load_config(recipe)
     o = VITDET
     opt = cfg.optim_wrapper.optimizer
@@ -353,6 +363,8 @@ def _beit_layer(name: str) -> int:
 @pytest.mark.parametrize('recipe', BEIT_RECIPES, ids=os.path.basename)
 @pytest.mark.slow
 def test_beit_recipe_is_mmsegs(recipe):
+    """The BEiT recipe's optimizer, layer decay, schedule, crops and heads are mmseg's. Builds
+    BEiT-B's UperNet on the meta device and mmengine's layer-decay groups over it."""
     cfg = load_config(recipe)
     o = BEIT
     opt = cfg.optim_wrapper.optimizer

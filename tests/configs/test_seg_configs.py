@@ -43,6 +43,8 @@ def test_recipes_cover_table6():
 @pytest.mark.parametrize('path', SEG_RECIPES, ids=_ids(SEG_RECIPES))
 @pytest.mark.slow
 def test_segmentation_recipe_hyper_parameters(path):
+    """An ADE20k recipe carries the paper's optimizer, schedule, batch, data, backbone, heads and
+    mIoU. Reads the recipe through its chain of bases with mmengine."""
     head, model_tag, patch, sched = RECIPE.fullmatch(os.path.basename(path)).groups()
     cfg = Config.fromfile(path)
     assert cfg.default_scope == 'mmseg'

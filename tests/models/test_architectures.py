@@ -322,6 +322,9 @@ def mismatch_message(cfg, unchecked: torch.nn.Module) -> str:
 @pytest.mark.slow
 def test_consumer_built_for_other_channels_fails_naming_the_fix(tmp_path, arch_id, fix, levels,
                                                                  mode):
+    """A stock config with only the backbone swapped is refused by ``build_from_config`` and the
+    hook, naming the key to set; unchecked, its step fails in the neck or head. Builds the stock
+    model twice (DINO and Mask2Former among them), then runs the failing step."""
     arch = next(a for a in ARCHS if a.id == arch_id)
     stock = arch._replace(levels=levels, changes='')  # build_model drops mmseg's pretrained
     cfg = arch_config(tmp_path, stock, 'XCiT')
@@ -427,6 +430,8 @@ def test_a_backbone_alone_runs_without_a_check(monkeypatch):
 
 @pytest.mark.slow
 def test_message_lists_every_mismatched_head(tmp_path):
+    """UperNet with ResNet-50 channels in both heads: the message names both keys to set. Builds the
+    stock UperNet (512-channel heads) twice, unchecked and through ``build_from_config``."""
     arch = next(a for a in ARCHS if a.id == 'upernet')
     cfg = arch_config(tmp_path, arch._replace(changes='pretrained=None'), 'XCiT')
     message = mismatch_message(cfg, build_unchecked(cfg))

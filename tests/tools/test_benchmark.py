@@ -75,6 +75,9 @@ def test_tensor_peak_counts_the_tensors_of_a_call():
 
 @pytest.mark.slow
 def test_isolated_failures_raise_with_the_reason():
+    """A call that raises and one that times out in ``run_isolated`` raise with the reason. Two
+    processes forked from the fork server (which the first test to need it starts, importing torch
+    and deepvit_mm), one of them left to its 0.5 s time-out."""
     with pytest.raises(bm.IsolatedError, match="KeyError: 'no such thing'"):
         bm.run_isolated(_fail, 'no such thing')
     with pytest.raises(bm.IsolatedError, match='timed out after 0.5 s'):
@@ -83,6 +86,8 @@ def test_isolated_failures_raise_with_the_reason():
 
 @pytest.mark.slow
 def test_failures_come_back_as_rows():
+    """A measurement that fails in its process comes back as a row with the error. A process forked
+    from the fork server builds XCiT-N12/16, whose first call refuses the 8x8 input."""
     res = bm.measure_isolated(bm.Case('nano_12_p16', (8, 8), repeats=0))  # below one patch
     assert 'smaller than one 16x16 patch' in res['error'] and res['label'] == 'nano_12_p16'
 
@@ -92,6 +97,8 @@ def test_failures_come_back_as_rows():
 # --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_backbones_are_built_by_family_through_the_registry():
+    """Archs find their family, an unknown one is refused listing every family's names, and CaiT is
+    built through the registry. Reads timm's model lists, builds CaiT-XXS24's first 4 blocks."""
     assert bm.backbone_family('xcit_nano_12_p16_224').__name__ == 'XCiT'
     assert bm.backbone_family('xxs24').__name__ == 'CaiT'
     cait = bm.build_backbone('xxs24', out_indices=(0, 1, 2, 3), window_size=2)
@@ -107,6 +114,8 @@ def test_backbones_are_built_by_family_through_the_registry():
 @pytest.mark.slow
 def test_synthetic_batch_goes_through_a_models_forward_and_loss(config, cfg_options, size,
                                                                 padded):
+    """The harness's synthetic batch goes through a model's loss, backward and tensor forward.
+    Builds the demo segmentor or detector (XCiT-N12/16) and runs them on 2 images of 64x80."""
     from mmengine.registry import DefaultScope
     def scope():  # mmengine restores a scope as a copy: compare names, not objects
         return getattr(DefaultScope.get_current_instance(), 'scope_name', None)
@@ -137,6 +146,8 @@ def test_backbone_input_is_reproducible():
 # --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_measure_times_the_first_call_when_no_warmup_and_restores_threads():
+    """Without warm-up the first (memory-measuring) call is timed; threads are restored. Builds
+    XCiT-N12/16 twice in this process: 2 training passes at 64x64, then 3 forwards."""
     threads = torch.get_num_threads()
     res = bm.measure(bm.Case('nano_12_p16', (64, 64), mode='train', threads=1, warmup=0,
                              repeats=2))
@@ -153,6 +164,8 @@ def test_measure_times_the_first_call_when_no_warmup_and_restores_threads():
 @pytest.mark.parametrize('config,mode', [(DEMO_SEG, 'train'), (DEMO_DET, 'fwd')])
 @pytest.mark.slow
 def test_config_models(config, mode):
+    """A config is measured as its whole model: label, task, one timed call. Builds the demo
+    segmentor (a training pass) or detector (XCiT-N12/16, a forward) at 64x96 in this process."""
     res = bm.measure(bm.Case(config, (64, 96), mode=mode, warmup=0, repeats=1,
                              cfg_options=SMALL_DET if config == DEMO_DET else {}),
                      memory=False)
@@ -242,6 +255,8 @@ def test_gemm_floor_has_the_block_gemms_of_the_model():
 ])
 @pytest.mark.slow
 def test_gemm_floor_has_cait_attention_products(kwargs, spans):
+    """CaiT's GEMM floor counts its attention products, global or windowed, and runs them as bmm/mm.
+    Builds CaiT-XXS24's first 4 blocks and the floor, one profiled call at 64x96, batch 2."""
     ours = bm.build_backbone('xxs24', **kwargs)
     floor = bm.GemmFloor(ours, (64, 96), batch=2)
     assert floor.spans == spans
@@ -423,6 +438,9 @@ def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_benchmark_tool_compare_only_for_cait(tmp_path):
+    """tools/analysis/benchmark.py --compare-only on CaiT-XXS24 (4 blocks) at 64x64: only
+    compare.csv. Ours, timm's and the floor timed, ours' and timm's memory each measured in a fresh
+    process."""
     tool = _tool('benchmark')
     tool.main(['--arch', 'xxs24', '--sizes', '64', '--dtypes', 'fp32', '--passes', 'fwd',
                '--warmup', '0', '--repeats', '1', '--compare-timm', '--compare-floor',
@@ -466,6 +484,8 @@ def test_memory_train_step_tool_both_settings_in_fresh_processes(capsys):
 
 @pytest.mark.slow
 def test_benchmark_memory_tool_cait_variants(tmp_path, capsys):
+    """tools/analysis/benchmark_memory.py on CaiT-XXS24 (4 blocks) at 64x80: the global and
+    window+cp rows and table. Each variant's profiled forward and backward in a fresh process."""
     tool = _tool('benchmark_memory')
     out = tmp_path / 'rows.json'
     tool.main(['--arch', 'xxs24', '--size', '64', '80', '--variants', 'global', 'window+cp',

@@ -127,6 +127,8 @@ def test_tools_test_out_writes_mmdets_pickle_for_its_confusion_matrix(tmp_path, 
 
 @pytest.mark.slow
 def test_out_is_mmdets_pickle_or_mmsegs_folder(tmp_path):
+    """``--out``: a .pkl dumped after mmdet's metrics (anything else refused), mmseg's metric output
+    folder. Reads both demo configs through their chains of bases with mmengine."""
     det = Config.fromfile(DEMO_DET)
     with pytest.raises(ValueError, match=r'\.pkl or \.pickle'):
         set_test_out(det, str(tmp_path / 'preds'))

@@ -433,6 +433,8 @@ def test_sharded_checkpoints_are_read_by_every_tool(sharded, shapes, tmp_path):
 
 @pytest.mark.slow
 def test_slurm_train_hands_the_command_to_srun(tmp_path):
+    """tools/slurm_train.sh hands srun its options and train.py's command, and prints its usage on
+    too few arguments. Runs the script twice under bash with a stand-in srun: no training."""
     fake = tmp_path / 'srun'
     fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$SRUN_LOG"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)

@@ -51,6 +51,8 @@ def test_mmcv_ops_take_bfloat16_under_cpu_autocast():
 
 @pytest.mark.slow
 def test_amp_picks_the_wrapper_for_the_device(monkeypatch):
+    """``--amp``: bfloat16 CPUAmpOptimWrapper without a GPU, float16 AmpOptimWrapper (dynamic loss
+    scale) with one. Reads the demo detector's config through its bases three times."""
     cpu = prepare_config(CFG, amp=True)
     assert cpu.optim_wrapper.type == 'CPUAmpOptimWrapper' and cpu.optim_wrapper.dtype == 'bfloat16'
     assert prepare_config(CFG).optim_wrapper.type == 'OptimWrapper'
@@ -62,6 +64,8 @@ def test_amp_picks_the_wrapper_for_the_device(monkeypatch):
 @pytest.mark.numerics
 @pytest.mark.slow
 def test_bf16_losses_close_to_float32():
+    """The demo detector's bfloat16-autocast loss is within 5% of its float32 one, gradients finite.
+    Built with XCiT-N12/16: two loss passes and backwards at 64x96 (bf16 emulated on AVX2 CPUs)."""
     from mmdet.testing import demo_mm_inputs
     cfg = Config.fromfile(CFG)
     cfg.model.backbone.arch = 'nano_12_p16'

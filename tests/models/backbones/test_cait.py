@@ -49,6 +49,8 @@ def test_taps_at_other_sizes_equal_timm_with_resampled_embedding(hw):
 # ------------------------------------------------------------------------------ architectures
 @pytest.mark.slow
 def test_timm_name_sets_the_position_embedding_grid():
+    """A timm name's resolution (or ``img_size``) sets the position-embedding grid. Builds CaiT-S36,
+    CaiT-M48 and CaiT-S24 (twice) at full depth on the meta device."""
     # (name resolution itself: test_backbones.py)
     assert CaiT.resolve_arch('cait_xxs24_384.fb_dist_in1k') == 'xxs24'
     with torch.device('meta'):
@@ -165,6 +167,8 @@ def test_window_attention_is_timms_attention_per_window(hw):
 
 @pytest.mark.slow
 def test_windowed_blocks_and_global_blocks():
+    """``window_size`` windows every block but the global ones (by default the taps'). Builds
+    CaiT-XXS24 at full depth three times on the meta device."""
     with torch.device('meta'):  # structure only
         m = CaiT('xxs24', window_size=14)
     assert all(isinstance(b.attn, GridTalkingHeadAttn) for b in m.trunk.blocks)
@@ -217,6 +221,9 @@ def test_every_trainable_parameter_gets_a_gradient(window_size, with_cp):
 
 @pytest.mark.slow
 def test_gradient_checkpointing_gives_the_same_output_and_gradients():
+    """with_cp gives the outputs and gradients of the plain windowed model. Two CaiT-XXS24 (4
+    blocks) built, a forward and backward of each at 96x128, the checkpointed one recomputing its
+    blocks."""
     torch.manual_seed(0)
     a = CaiT('xxs24', out_indices=EARLY, window_size=4, drop_path_rate=0.0).train()
     randomize_(a)
@@ -247,6 +254,8 @@ def test_windowed_cait_trains_in_mmdets_mask_rcnn():
 
 @pytest.mark.slow
 def test_cait_recipe_trains_in_mmsegs_upernet():
+    """The CaiT UperNet recipe trains a step with decode and auxiliary losses. Builds its UperNet
+    (CaiT-XXS24's first 4 blocks, 32-channel heads), a forward and backward at 64x96, batch 2."""
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, 'upernet_cait_xxs24_160k_ade20k.py'))
     cfg.model.backbone.update(out_indices=EARLY)
     cfg.model.decode_head.channels = 32
@@ -389,6 +398,8 @@ def test_detector_checkpoint_through_mmengine(tmp_path, timm_xxs24_384):
 
 @pytest.mark.slow
 def test_other_cait_size_refused(tmp_path):
+    """A CaiT-XXS36 checkpoint into XXS24 is refused naming the blocks XXS24 lacks. timm's
+    CaiT-XXS36 built at full depth and saved."""
     path = tmp_path / 'xxs36.pth'
     torch.save({'model': timm.create_model('cait_xxs36_224').state_dict()}, path)
     with pytest.raises(CheckpointError, match=r"CaiT\(arch='xxs36'\).*does not have.*trunk\.blocks\.\*"):
@@ -397,6 +408,8 @@ def test_other_cait_size_refused(tmp_path):
 
 @pytest.mark.slow
 def test_cait_checkpoint_into_xcit_refused(tmp_path):
+    """A CaiT checkpoint into XCiT is refused, naming CaiT-XXS24 as what it looks like. timm's
+    CaiT-XXS24 built at full depth and saved, XCiT-N12/16 built."""
     path = tmp_path / 'cait.pth'
     torch.save(timm.create_model('cait_xxs24_224').state_dict(), path)
     with pytest.raises(CheckpointError) as e:
@@ -416,6 +429,9 @@ def test_xcit_checkpoint_into_cait_refused(tmp_path):
 @pytest.mark.parametrize('size', ['xxs24', 'xs24', 's24'])
 @pytest.mark.slow
 def test_cait_recipes(size):
+    """A CaiT recipe has the XCiT recipes' hyper-parameters, its checkpoint's resolution and
+    channels. Reads three configs through their chains of bases (its Mask R-CNN and UperNet,
+    XCiT-S12's)."""
     dim = CaiT.arch_zoo[size].embed_dim
     det = Config.fromfile(os.path.join(CONFIG_DIR, f'mask_rcnn_cait_{size}_3x.py'))
     xcit = Config.fromfile(os.path.join(CONFIG_DIR, 'mask_rcnn_xcit_s12_16_3x.py'))

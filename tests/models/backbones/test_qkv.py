@@ -427,6 +427,8 @@ def test_upernet_trains_with(tmp_path, variant):
 ])
 @pytest.mark.slow
 def test_configs_select_the_variant(name, want):
+    """The PSNE / F-SNE configs select their Q/K/V variant, the codes' no-decay key and (UperNet)
+    the ADE20k settings. Reads the config through its chain of bases with mmengine."""
     cfg = Config.fromfile(os.path.join(CONFIG_DIR, name))
     assert cfg.model.backbone.qkv_cfg == want
     if want['type'] == 'FSNE':  # the paper's eq. 7 regularises the weights, not the codes

@@ -39,6 +39,8 @@ def _pair(arch, **kw):
 @pytest.mark.parametrize('hw', [(64, 96), (50, 70)])
 @pytest.mark.slow
 def test_eval_outputs_equal_timm(arch, hw):
+    """The fast eval forward's levels equal timm's forward's. XCiT-N12 built and deep-copied, a
+    forward of each at batch 2."""
     fast, ref = _pair(arch)
     x = torch.randn(2, 3, *hw)
     with torch.no_grad():
@@ -64,6 +66,8 @@ def test_chunked_inference_block_equals_timm_block(chunk, qkv_bias):
 
 @pytest.mark.slow
 def test_eval_with_autograd_uses_the_differentiable_path():
+    """In eval mode with gradients on, the input's gradient equals timm's. XCiT-N12/16 built and
+    deep-copied, a forward and backward of each at 48x64."""
     # eval mode with gradients on (e.g. fine-tuning with norm_eval / frozen stages): the chunked
     # inference path must not be taken, the input gets a gradient equal to timm's
     fast, ref = _pair('nano_12_p16')
@@ -78,6 +82,8 @@ def test_eval_with_autograd_uses_the_differentiable_path():
 @pytest.mark.parametrize('with_cp', [False, True])
 @pytest.mark.slow
 def test_training_gradients_equal_timm(with_cp):
+    """Training gradients of every parameter equal timm's, drop path on. XCiT-N12/16 built and
+    deep-copied, a forward and backward of each at 64x64, batch 2."""
     # drop path on: both forwards draw the same random numbers in the same order
     fast, ref = _pair('nano_12_p16', drop_path_rate=0.1, with_cp=with_cp)
     x = torch.randn(2, 3, 64, 64)
@@ -164,6 +170,8 @@ def test_auto_rule_cpu_threshold():
 @pytest.mark.parametrize('hw, fast_expected', [((64, 64), False), ((256, 256), True)])
 @pytest.mark.slow
 def test_auto_takes_the_fast_path_only_where_it_helps(monkeypatch, hw, fast_expected):
+    """``gram_xca='auto'`` takes the fast path where there are 2 C tokens (256x256) only, with
+    timm's outputs. XCiT-N12/16 built and deep-copied, a forward of each."""
     # nano (C = 128) at /16: 16 tokens (timm's forward) or 256 = 2 C tokens (the Gram forward)
     calls = []
     real = xcit_fast.xca_block_inference

@@ -150,6 +150,8 @@ def _padded(m, hw):
 # ------------------------------------------------------------------------------ structure
 @_on([fa for fa in ALL if fa[0] in PAPER])
 def test_builds_as_the_paper_specifies(backbone):
+    """Depth, width, heads, patch, taps, stochastic depth and no classifier, as the paper's
+    table says. Marked slow where ``_on`` builds a larger light arch at full size (seconds)."""
     family, arch, m = backbone
     paper = PAPER[family](arch)
     dim = paper['embed_dim']
@@ -172,6 +174,8 @@ def test_builds_as_the_paper_specifies(backbone):
 
 @_on([fa for fa in LIGHT if fa[0] in PAPER])
 def test_layer_scale_starts_at_the_papers_init(backbone):
+    """Every LayerScale starts at the paper's init. Marked slow where ``_on`` builds a larger
+    light arch at full size (seconds)."""
     family, arch, m = backbone
     eps = PAPER[family](arch)['eps']
     gammas = [p for n, p in m.named_parameters()
@@ -235,6 +239,8 @@ def test_docs_arch_tables_are_the_papers():
 @_on(LIGHT)
 @pytest.mark.parametrize('hw', SIZES, ids=lambda hw: f'{hw[0]}x{hw[1]}')
 def test_output_shapes_strides_and_finite(backbone, hw):
+    """One (B, C, H/s, W/s) map per stride, finite, for each input size: a full-depth forward of
+    the arch (slow where ``_on`` builds a larger light arch at full size)."""
     family, arch, m = backbone
     with torch.no_grad():
         outs = m.eval()(torch.randn(2, 3, *hw))
@@ -349,6 +355,8 @@ def test_taps_equal_timms_own_model(backbone):
 # ------------------------------------------------------------------------------ checks
 @_on(ALL)
 def test_bad_inputs_refused(backbone):
+    """Channels, a size under one patch and a 3-d tensor are refused before any computing
+    (slow where ``_on`` builds a larger light arch at full size)."""
     m = backbone[2]  # refused before anything is computed (on the meta device too)
     patch = m.patch_size
     with pytest.raises(ValueError, match='3-channel images, got 1'):

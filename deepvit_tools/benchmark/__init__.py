@@ -22,6 +22,7 @@ One idea per module:
   (``tools/test.py``'s);
 * ``breakdown``: a backbone's pass by kind of work, each against its own floor;
 * ``step``: a detector's or segmentor's training step timed part by part;
+* ``host``: a backbone's training step on a GPU from the host's side (queueing time, waits);
 * ``report``: markdown, CSV and plot writers;
 * ``suite``: grids of isolated measurements, what the tools run.
 

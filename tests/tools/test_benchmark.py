@@ -665,3 +665,9 @@ def test_model_state_bytes_counts_weights_gradients_and_adamw_moments():
     # AdamW's 0-d step counters are not state a shard holds
     assert model_state_bytes(model, opt) == dict(weights=4 * n_all, grads=4 * n_trained,
                                                  optimizer=2 * 4 * n_trained)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the refusal of a machine without CUDA')
+def test_profile_host_without_cuda_says_so(in_process):
+    run = in_process('tools/analysis/profile_host.py', '--arch', 'nano_12_p16', cwd=ROOT)
+    assert run.returncode == 1 and 'no CUDA device is visible' in run.stderr + run.stdout, run

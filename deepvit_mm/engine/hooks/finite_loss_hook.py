@@ -20,8 +20,11 @@ class FiniteLossHook(Hook):
 
     A diverged run otherwise trains to the end on ``loss: nan``, overwrites its good checkpoints
     with NaN weights and exits 0. This runs before the logger and checkpoint hooks, so the
-    iteration that diverged is not saved. (mmdet's ``CheckInvalidLossHook`` checks every 50
-    iterations with an ``assert``, and mmseg has none.)
+    iteration that diverged is not saved. Once a loss is not finite, it also passes the batch
+    through the data preprocessor again and names NaN or infinite images (the backbones read
+    their input's values on their first call only: on a GPU that reading waits for the device).
+    (mmdet's ``CheckInvalidLossHook`` checks every 50 iterations with an ``assert``, and mmseg has
+    none.)
     """
     priority = 'VERY_HIGH'
 
@@ -40,9 +43,29 @@ class FiniteLossHook(Hook):
                 last = f.read().strip()
         raise FloatingPointError(
             f'training stopped: at iteration {runner.iter + 1} the loss is not finite ('
-            + ', '.join(f'{k}={v}' for k, v in bad.items()) + '). Check the learning rate and its '
+            + ', '.join(f'{k}={v}' for k, v in bad.items()) + '). '
+            + _input_problem(runner.model, data_batch) + 'Check the learning rate and its '
             'warm-up (optim_wrapper.optimizer.lr, param_scheduler), gradient clipping '
             '(optim_wrapper.clip_grad), mixed precision (--amp), the loss weights, and the '
             'annotations (empty or degenerate boxes). '
             + (f'The last complete checkpoint is {last}: fix the cause, then resume with --resume.'
                if last else 'No checkpoint was saved before it.'))
+
+
+def _input_problem(model, data_batch) -> str:
+    """A sentence naming the NaN or infinite values of the batch as the model takes it (after its
+    data preprocessor), or ''."""
+    from mmengine.model import is_model_wrapper
+    model = model.module if is_model_wrapper(model) else model
+    preprocessor = getattr(model, 'data_preprocessor', None)
+    if not data_batch or preprocessor is None:
+        return ''
+    with torch.no_grad():
+        inputs = preprocessor(data_batch, True)['inputs']
+    inputs = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+    bad = sum(int((~torch.isfinite(x)).sum()) for x in inputs
+              if torch.is_tensor(x) and x.is_floating_point())
+    if not bad:
+        return ''
+    return (f'The images hold {bad} NaN or infinite values after the data preprocessor: check its '
+            'mean and std (a std of 0) and the image files. ')

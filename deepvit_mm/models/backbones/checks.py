@@ -2,9 +2,16 @@
 
 Constructor arguments the trunk would reject with an unhelpful message or accept wrongly
 (``check_arguments``; ``check_out_indices``: the taps, one per level), an input the model cannot
-take (``check_input``: shape, channels, dtype, size, NaN), and the free memory a forward is
-checked against (``free_memory``; the estimate of what a forward needs is the family's,
+take (``check_input``: shape, channels, dtype, size, from the tensor's metadata alone;
+``check_finite``: NaN, which reads the values), and the free memory a forward is checked against
+(``free_memory``; the estimate of what a forward needs is the family's,
 ``ColumnarBackbone._activation_bytes``).
+
+Reading a value of a GPU tensor (``check_finite``) or asking the GPU for its free memory waits for
+every kernel queued before it: the host cannot run ahead of the GPU. ``ColumnarBackbone`` therefore
+calls those two only where they cost nothing in a long run: ``check_finite`` on its first call,
+``free_memory`` for an input larger than any it checked before (``FiniteLossHook`` names
+non-finite images once a loss is not finite).
 """
 import numbers
 from typing import Mapping, Optional, Sequence, Tuple
@@ -16,7 +23,7 @@ from ...compat.torch import autocast_enabled
 from ...tracing import in_graph_capture
 
 __all__ = ['check_arguments', 'check_out_indices', 'check_window_arguments', 'check_input',
-           'free_memory']
+           'check_finite', 'free_memory']
 
 
 def check_out_indices(name: str, arch: str, out_indices, depth: int, default: Sequence[int],
@@ -92,7 +99,8 @@ def check_arguments(name: str, drop_path_rate, norm_cfg, frozen_stages) -> None:
 
 
 def check_input(backbone: nn.Module, x: torch.Tensor) -> None:
-    """Refuse, with what to do, an input ``backbone`` (a ``ColumnarBackbone``) cannot take."""
+    """Refuse, with what to do, an input ``backbone`` (a ``ColumnarBackbone``) cannot take, from
+    its metadata (shape, dtype) alone: no value is read, so nothing waits for the device."""
     name = f'{type(backbone).__name__}({backbone.arch})'
     if not torch.is_tensor(x) or x.dim() != 4:
         raise ValueError(f'{name} expects a (B, C, H, W) tensor of images, got '
@@ -121,12 +129,17 @@ def check_input(backbone: nn.Module, x: torch.Tensor) -> None:
         raise ValueError(f'{name}: with pad_input=False an input needs at least {least} pixels '
                          f'a side for the stride-{backbone.pad_to} level, got '
                          f'{tuple(x.shape[-2:])}; use pad_input=True or larger images.')
-    # (not on meta tensors, which have no values: FLOP counting runs the model on them)
+
+
+def check_finite(backbone: nn.Module, x: torch.Tensor) -> None:
+    """Refuse an input holding NaN or infinite values, which would make every output NaN. Reads
+    the values: on a GPU, waits for the kernels queued before it (not on meta tensors, which have
+    no values: FLOP counting runs the model on them)."""
     if not in_graph_capture() and x.device.type != 'meta' and x.numel() and not torch.isfinite(x).all():
         bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f'{name}: the input holds {bad} NaN or infinite values, which would '
-                         'make every output NaN. Check the images and the data preprocessor '
-                         '(a std of 0, a corrupt file).')
+        raise ValueError(f'{type(backbone).__name__}({backbone.arch}): the input holds {bad} NaN or '
+                         'infinite values, which would make every output NaN. Check the images '
+                         'and the data preprocessor (a std of 0, a corrupt file).')
 
 
 def free_memory(device: torch.device) -> Optional[int]:

@@ -32,7 +32,7 @@ from mmengine.model import BaseModule
 from ...compat.timm import drop_pruned_classifier_parameters
 from ...compat.torch import BatchNormBase, autocast_enabled
 from ...tracing import in_graph_capture
-from .checks import check_arguments, check_input, check_out_indices, free_memory
+from .checks import check_arguments, check_finite, check_input, check_out_indices, free_memory
 from .columnar_pyramid import PAPER_STRIDES, ColumnarPyramid
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 from .weights import ColumnarWeights
@@ -202,6 +202,10 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                              "tap per level, the XCiT paper's) or 'simple' (ViTDet's: every level "
                              'from one tap, the last block by default).')
         self.pyramid = pyramid
+        # what forward checked that reads the device (checks.py): the values of its first input,
+        # and per device the largest need of memory found free
+        self._values_checked = False
+        self._memory_checked: Dict[str, int] = {}
         if out_indices is None:  # the paper's taps of the strides asked for
             out_indices = (spec.depth - 1,) if pyramid == 'simple' else \
                 self.default_out_indices(self.arch, out_strides)
@@ -377,8 +381,14 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             stride ``s`` (the input is zero-padded at the bottom/right to a multiple of 32;
             with ``pad_input=False`` the maps are as large as the unpadded input gives). An empty
             batch gives empty maps.
+
+        Nothing in it waits for the device: the input's values are checked (NaN) on the first
+        call only, the free memory asked for an input larger than any before (checks.py).
         """
         check_input(self, x)
+        if not self._values_checked and not in_graph_capture():
+            check_finite(self, x)
+            self._values_checked = True
         if x.shape[0] == 0:
             return self._empty_output(x)
         h, w = x.shape[-2:]
@@ -422,12 +432,18 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         return 'use smaller inputs, or with_cp=True for training'
 
     def _check_memory(self, x: torch.Tensor) -> None:
-        """Refuse, before allocating, an input whose forward cannot fit the device's free memory."""
+        """Refuse, before allocating, an input whose forward cannot fit the device's free memory.
+        Asks the device only for a need larger than any found to fit before (on a GPU the
+        question waits for the queued kernels)."""
         grid = (-(-x.shape[-2] // self.patch_size), -(-x.shape[-1] // self.patch_size))
         element = 2 if autocast_enabled(x.device.type) else x.element_size()
         need = self._activation_bytes(x.shape[0], grid, element, x.device)
+        if need <= self._memory_checked.get(str(x.device), -1):
+            return
         free = free_memory(x.device)
-        if free is not None and need > free:
+        if free is None or need <= free:
+            self._memory_checked[str(x.device)] = need
+        else:
             raise MemoryError(
                 f'{type(self).__name__}({self.arch}): input {tuple(x.shape)} ({grid[0]}x{grid[1]} '
                 f'patches) needs at least {need / 2**30:.1f} GiB for its activations, more than '

@@ -1,0 +1,111 @@
+"""The host's side of a backbone's training step on a GPU: how long the host takes to queue a
+step against how long the step takes, and how often the host waits for the device.
+
+A training step is ``pass_runner``'s (forward, the maps' mean, backward; no optimizer), on the
+backbone alone. Each figure is the median over ``steps`` steps issued back to back:
+
+* ``step_ms``: wall time per step with nothing waited for between steps (one synchronize after
+  the last), what a training loop gets;
+* ``host_ms``: the host's time to queue one step (until its Python returns); where it is close to
+  ``step_ms`` the GPU waits for the host (host-bound);
+* ``device_ms``: the GPU's time per step between CUDA events around it;
+* ``waits``: the calls per step that made the host wait for the device, counted by
+  ``torch.cuda.set_sync_debug_mode('warn')`` during one step.
+
+``reads_per_call=True`` adds, before every backbone call, the two device reads the backbones made
+on every call until they made them only where they cost nothing (``torch.isfinite(x).all()`` and
+``torch.cuda.mem_get_info``): the same step with and without them, interleaved in one process.
+"""
+import statistics
+import time
+import warnings
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .batches import backbone_input
+from .measure import pass_runner
+from .models import build_backbone
+
+__all__ = ['host_profile']
+
+
+def _device_reads(module, args) -> None:
+    """What every backbone call did before: read whether its input is finite, ask free memory."""
+    x = args[0]
+    bool(torch.isfinite(x).all())
+    torch.cuda.mem_get_info(x.device)
+
+
+def _time_steps(run, steps: int) -> Dict[str, float]:
+    host, device, events = [], [], []
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t = time.perf_counter()
+        begin.record()
+        run()
+        end.record()
+        host.append(time.perf_counter() - t)
+        events.append((begin, end))
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    device = [b.elapsed_time(e) for b, e in events]
+    return dict(step_ms=1e3 * wall / steps, host_ms=1e3 * statistics.median(host),
+                device_ms=statistics.median(device))
+
+
+def _waits(run) -> int:
+    """Calls that waited for the device during one step (the sync debug mode's warnings)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        torch.cuda.set_sync_debug_mode('warn')
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum('synchroniz' in str(w.message) for w in caught)
+
+
+def host_profile(arch: str, size: Tuple[int, int] = (800, 1344), batch: int = 2,
+                 dtype: str = 'fp16', steps: int = 20, warmup: int = 5, rounds: int = 3,
+                 trace: Optional[str] = None, **kwargs) -> Dict[str, dict]:
+    """The training step of ``arch`` on CUDA without and with the per-call device reads,
+    interleaved ``rounds`` times (each figure: the median over the rounds' medians).
+
+    Args:
+        arch (str): A backbone arch (``small_12_p16``); ``kwargs`` go to its constructor.
+        trace (str, optional): Also write a Chrome trace (``torch.profiler``, CPU and CUDA) of
+            3 steps without the reads to this file.
+
+    Returns:
+        dict: ``{'as built': {...}, 'reads per call': {...}}`` with ``step_ms``, ``host_ms``,
+        ``device_ms``, ``waits``.
+    """
+    device = 'cuda'
+    model = build_backbone(arch, **kwargs).to(device)
+    x = backbone_input(size, batch, device)
+    run = pass_runner(model, lambda: model(x), 'train', device, dtype)
+    for _ in range(warmup):
+        run()
+    results: Dict[str, list] = {'as built': [], 'reads per call': []}
+    for _ in range(rounds):
+        for name in results:
+            hook = model.register_forward_pre_hook(_device_reads) \
+                if name == 'reads per call' else None
+            try:
+                results[name].append(dict(_time_steps(run, steps), waits=_waits(run)))
+            finally:
+                if hook is not None:
+                    hook.remove()
+    if trace:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                run()
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(trace)
+    return {name: {k: statistics.median(r[k] for r in rounds_) for k in rounds_[0]}
+            for name, rounds_ in results.items()}

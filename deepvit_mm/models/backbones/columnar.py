@@ -222,10 +222,13 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         dpr = spec.drop_path_rate if drop_path_rate is None else drop_path_rate
         self.in_chans = trunk_kwargs.get('in_chans', 3)
 
+        self._kept_blocks = max(self.out_indices) + 1
+        self.frozen_stages = frozen_stages
+        self._check_frozen_stages()  # before the seconds a large trunk takes to build
+
         layer_scale = spec.eta if layer_scale_init is None else layer_scale_init
         self.trunk = self._build_trunk(spec, drop_path_rate=dpr, layer_scale=layer_scale,
                                        **trunk_kwargs)
-        self._kept_blocks = max(self.out_indices) + 1
         self.trunk.prune_intermediate_layers(self.out_indices, prune_norm=True, prune_head=True)
         drop_pruned_classifier_parameters(self.trunk, self.classifier_parts)
         ColumnarPyramid.check_strides(self.tap_stride, out_strides)
@@ -240,7 +243,6 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                              'num_groups=G) with G dividing every channel count.') from e
         self.out_channels = [self.embed_dim] * len(out_strides)
         self.out_strides = tuple(out_strides)
-        self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.with_cp = with_cp
         if with_cp:
@@ -455,12 +457,15 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             return []
         return self._stem_modules() + list(self.trunk.blocks[:self.frozen_stages])
 
-    def _freeze_stages(self) -> None:
+    def _check_frozen_stages(self) -> None:
         if not -1 <= self.frozen_stages <= self._kept_blocks:
             raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} must be -1 '
                              '(nothing frozen), 0 (patch embedding) or k in [1, '
                              f'{self._kept_blocks}] (also the first k of the {self._kept_blocks} '
                              'blocks used).')
+
+    def _freeze_stages(self) -> None:
+        self._check_frozen_stages()
         for m in self._frozen_modules():
             m.eval()
             for p in m.parameters():

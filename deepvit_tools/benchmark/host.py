@@ -12,9 +12,10 @@ backbone alone. Each figure is the median over ``steps`` steps issued back to ba
 * ``waits``: the calls per step that made the host wait for the device, counted by
   ``torch.cuda.set_sync_debug_mode('warn')`` during one step.
 
-``reads_per_call=True`` adds, before every backbone call, the two device reads the backbones made
-on every call until they made them only where they cost nothing (``torch.isfinite(x).all()`` and
-``torch.cuda.mem_get_info``): the same step with and without them, interleaved in one process.
+``host_profile`` times the step as built (``'as built'``) and with a forward pre-hook that makes,
+before every backbone call, the two device reads the backbones made on every call until they made
+them only where they cost nothing (``torch.isfinite(x).all()`` and ``torch.cuda.mem_get_info``;
+``'reads per call'``), interleaved in one process.
 """
 import statistics
 import time
@@ -38,7 +39,7 @@ def _device_reads(module, args) -> None:
 
 
 def _time_steps(run, steps: int) -> Dict[str, float]:
-    host, device, events = [], [], []
+    host, events = [], []
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(steps):

@@ -8,7 +8,7 @@ import torch
 from conftest import EARLY, family_archs
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from deepvit_mm import ColumnarBackbone
+from deepvit_mm import ColumnarBackbone, TimmViT, XCiT
 from deepvit_mm.models.backbones import checks, columnar
 
 # the operators that make the host wait for the device: reading a value (.item(), bool(t),
@@ -58,8 +58,7 @@ def _cases():
             for pyramid in ('columnar', 'simple'):
                 yield pytest.param(family, arch, pyramid, {},
                                    id=f'{family.__name__}-{arch}-{pyramid}')
-    vit = [f for f in ColumnarBackbone.families if f.__name__ == 'TimmViT'][0]
-    yield pytest.param(vit, family_archs(vit)[0], 'columnar', dict(window_size=2),
+    yield pytest.param(TimmViT, family_archs(TimmViT)[0], 'columnar', dict(window_size=2),
                        id='TimmViT-windowed')
 
 
@@ -85,11 +84,10 @@ def test_no_host_wait_after_the_first_call(family, arch, pyramid, kwargs, device
 
 def test_free_memory_asked_for_a_larger_input_only(device_calls):
     """Multi-scale training: asked at each new largest input, then not for the smaller ones."""
-    model = ColumnarBackbone.families[-1](arch='nano_12_p16', out_indices=EARLY).eval()
+    model = XCiT(arch='nano_12_p16', out_indices=EARLY).eval()
     asked = []
     with torch.no_grad():
         for size in (64, 96, 64, 96, 128, 96):
             model(torch.randn(1, 3, size, size))
             asked.append(device_calls['free_memory'])
     assert asked == [1, 2, 2, 2, 3, 3]
-

@@ -21,10 +21,17 @@ from deepvit_mm.engine import (
 
 GLIBC = sys.platform.startswith('linux') and platform.libc_ver()[0] == 'glibc'
 needs_glibc = pytest.mark.skipif(not GLIBC, reason='the restart is for Linux processes on glibc')
-TOOL = '''import os, sys
-from deepvit_mm.engine import cpu_allocator, preload_tcmalloc
-print('start', os.getpid(), cpu_allocator(), sys.flags.optimize, sys.argv[1:], flush=True)
-print('continues', preload_tcmalloc({script}), os.environ.get('LD_PRELOAD', ''), flush=True)
+# deepvit_mm/engine/allocator.py in a child process, read from its file: it imports the standard
+# library only, and the restart is about the process, not about importing the package (the tools'
+# tests start them); a child then costs a Python start, not torch's and the libraries' imports.
+ALLOCATOR = os.path.join(ROOT, 'deepvit_mm', 'engine', 'allocator.py')
+LOAD = ('import importlib.util; '
+        f'spec = importlib.util.spec_from_file_location("allocator", {ALLOCATOR!r}); '
+        'allocator = importlib.util.module_from_spec(spec); spec.loader.exec_module(allocator)\n')
+TOOL = LOAD + '''import os, sys
+print('start', os.getpid(), allocator.cpu_allocator(), sys.flags.dont_write_bytecode, sys.argv[1:],
+      flush=True)
+print('continues', allocator.preload_tcmalloc({script}), os.environ.get('LD_PRELOAD', ''), flush=True)
 '''
 
 
@@ -110,12 +117,11 @@ def _run_tool(tmp_path, env, flags=()):
 
 
 @needs_glibc
-@pytest.mark.slow
 def test_tool_restarts_once_with_tcmalloc_preloaded(tmp_path):
     """A tool started with the stand-in allocator restarts itself once with it preloaded and goes
-    on. ~20-50 s: a tool's process and its restart."""
+    on, with its interpreter flags (-B) and arguments."""
     lib = _stand_in(tmp_path)
-    lines = _run_tool(tmp_path, {MALLOC_ENV: lib}, flags=('-O',))
+    lines = _run_tool(tmp_path, {MALLOC_ENV: lib}, flags=('-B',))
     (s1, before), (s2, after), (s3, continues) = lines
     assert (s1, s2, s3) == ('start', 'start', 'continues')
     pid1, malloc1, opt1, args1 = before.split(' ', 3)
@@ -128,10 +134,8 @@ def test_tool_restarts_once_with_tcmalloc_preloaded(tmp_path):
 
 @needs_glibc
 @pytest.mark.parametrize('case', ['glibc chosen', 'already loaded'])
-@pytest.mark.slow
 def test_tool_is_not_restarted(tmp_path, case):
-    """A tool with glibc chosen, or the allocator already preloaded, is not restarted. ~10 s: a
-    tool's process."""
+    """A tool with glibc chosen, or the allocator already preloaded, is not restarted."""
     lib = _stand_in(tmp_path)
     env = {MALLOC_ENV: 'glibc'} if case == 'glibc chosen' else {MALLOC_ENV: lib, 'LD_PRELOAD': lib}
     lines = _run_tool(tmp_path, env)
@@ -140,7 +144,6 @@ def test_tool_is_not_restarted(tmp_path, case):
 
 
 @needs_glibc
-@pytest.mark.slow
 def test_a_preload_that_does_not_load_is_not_retried(tmp_path):
     """The restart happened but the library did not load (ld.so ignores it): no second restart."""
     bad = tmp_path / 'libtcmalloc.so.4'
@@ -194,8 +197,8 @@ def test_missing_library_is_refused_by_the_tool(tmp_path):
 @pytest.mark.slow
 def test_keep_freed_cpu_memory_applies_on_glibc():
     """In a child process: the malloc settings are process-wide and would outlive this test."""
-    code = ('import torch; from deepvit_mm.engine import keep_freed_cpu_memory; '
-            'applied = keep_freed_cpu_memory(); x = torch.randn(1, 64, 64, 64); '
+    code = (LOAD + 'import torch; applied = allocator.keep_freed_cpu_memory(); '
+            'x = torch.randn(1, 64, 64, 64); '
             'y = torch.nn.functional.conv2d(x, torch.randn(64, 1, 3, 3), groups=64); '
             'print(applied, bool(torch.isfinite(y).all()))')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT,
@@ -227,10 +230,10 @@ def test_release_free_memory_gives_tcmallocs_cache_back(tmp_path):
         lib = find_tcmalloc()
     except FileNotFoundError:
         lib = None
-    code = ('import torch; from deepvit_mm.engine import cpu_allocator, release_free_memory\n'
+    code = (LOAD + 'import torch; cpu_allocator = allocator.cpu_allocator\n'
             'def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20\n'
             'x = [torch.ones(64, 2**20) for _ in range(8)]; del x\n'  # 8 x 256 MiB, freed
-            'held = rss(); done = release_free_memory()\n'
+            'held = rss(); done = allocator.release_free_memory()\n'
             'print(cpu_allocator(), done, round(held - rss()))')
     env = dict(_clean_env(), PYTHONPATH=ROOT, **({'LD_PRELOAD': lib} if lib else {}))
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT,

@@ -68,14 +68,47 @@ def _run_without(site_dir: str, code: str, *args, timeout: int = 300) -> subproc
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _run_tool_without(site_dir: str, tool: str, *args, timeout: int = 300):
-    """``tools/<tool> *args`` on the site-packages ``site_dir``."""
+_MARK = '@@deepvit_mm-test-tool@@'
+
+
+def _run_tools_without(site_dir: str, *runs, timeout: int = 300) -> list:
+    """Each of ``runs``, ``(tool, *args)`` (``tools/<tool>`` or a path), one after the other in
+    one interpreter on the site-packages ``site_dir`` (one start of Python and its imports, not
+    one a tool): a ``CompletedProcess`` each, with its exit status (``sys.exit(message)``
+    printed and 1, as the interpreter does; another exception's traceback printed and 1) and
+    what it printed."""
     code = f"""
-        import runpy
-        sys.argv = [{os.path.join(TOOLS, tool)!r}] + sys.argv[1:]
-        runpy.run_path(sys.argv[0], run_name='__main__')
+        import json, runpy, traceback
+        codes = []
+        for run in json.loads(sys.argv[1]):
+            print({_MARK!r}, flush=True)
+            print({_MARK!r}, file=sys.stderr, flush=True)
+            sys.argv = [os.path.join({TOOLS!r}, run[0])] + run[1:]
+            try:
+                runpy.run_path(sys.argv[0], run_name='__main__')
+                codes.append(0)
+            except SystemExit as e:
+                if e.code is None or isinstance(e.code, int):
+                    codes.append(e.code or 0)
+                else:
+                    print(e.code, file=sys.stderr)
+                    codes.append(1)
+            except Exception:
+                traceback.print_exc()
+                codes.append(1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        print({_MARK!r}, json.dumps(codes), flush=True)
         """
-    return _run_without(site_dir, code, *args, timeout=timeout)
+    out = _run_without(site_dir, code, json.dumps([[str(a) for a in run] for run in runs]),
+                       timeout=timeout)
+    stdout, stderr = out.stdout.split(_MARK + '\n'), out.stderr.split(_MARK + '\n')
+    if out.returncode != 0 or len(stdout) != len(runs) + 1:
+        raise AssertionError(f'the tools did not all run: {(out.stdout + out.stderr)[-3000:]}')
+    last, _, codes = stdout[-1].rpartition(_MARK + ' ')
+    stdout[-1] = last
+    return [subprocess.CompletedProcess(run, code, o, e)
+            for run, code, o, e in zip(runs, json.loads(codes), stdout[1:], stderr[1:])]
 
 
 def _pip_install(*pkgs: str) -> str:
@@ -184,14 +217,14 @@ def test_configs_build_and_the_others_say_what_to_install(site_without, family, 
 @pytest.mark.parametrize('family', sorted(FAMILY))
 def test_tools_refuse_the_others_configs_in_one_line(site_without, family, tmp_path):
     """With one library left out, tools/train.py and tools/test.py refuse the other's config in one
-    line. ~10-20 s: two tools' processes."""
+    line. ~5-15 s: a fresh interpreter running both tools."""
     site_dir = site_without(FAMILY[family]['left_out'])
     other = FAMILY[family]['other']
     checkpoint = tmp_path / 'model.pth'
     checkpoint.write_bytes(b'')  # read only after the config
-    for tool, args in (('train.py', ()), ('test.py', (checkpoint,))):
-        out = _run_tool_without(site_dir, tool, FAMILY[family]['other_demo'], *args, '--work-dir',
-                                tmp_path / 'work')
+    args = (FAMILY[family]['other_demo'], '--work-dir', tmp_path / 'work')
+    for out in _run_tools_without(site_dir, ('train.py', *args),
+                                  ('test.py', args[0], checkpoint, *args[1:])):
         assert out.returncode == 1 and 'Traceback' not in out.stderr, out.stderr[-3000:]
         assert out.stderr.strip().splitlines()[-1].startswith(f'this config is an {other} config'), \
             out.stderr[-3000:]
@@ -220,7 +253,7 @@ def _demo_options(family: str, data: str) -> list:
 def test_tools_train_and_test_the_demo(site_without, family, tmp_path, request):
     """tools/train.py and the library's own train tool each train the library's demo 2 steps,
     tools/test.py evaluates the checkpoint; without ``pkg_resources`` (setuptools >= 82), which
-    the recipes' bases do not need."""
+    the recipes' bases do not need. ~20-40 s: a fresh interpreter running the three tools."""
     if family == 'mmdet':
         data = request.getfixturevalue('shapes')
     else:
@@ -236,13 +269,15 @@ def test_tools_train_and_test_the_demo(site_without, family, tmp_path, request):
     module = FAMILIES[family]['module']
     own = os.path.join(os.path.dirname(importlib.util.find_spec(module).origin), '.mim', 'tools',
                        'train.py')
-    for tool, folder in ((own, work / module), ('train.py', work)):
-        out = _run_tool_without(site_dir, tool, FAMILY[family]['demo'], '--work-dir', folder,
-                                *options, timeout=600)
-        assert out.returncode == 0, (tool, (out.stdout + out.stderr)[-3000:])
-        assert 'Iter(train) [2/2]' in out.stdout + out.stderr, tool
-    out = _run_tool_without(site_dir, 'test.py', FAMILY[family]['demo'], work / 'iter_2.pth',
-                            '--work-dir', work / 'test', '--cfg-options', *test, timeout=600)
+    # ours first, in the fresh interpreter; the library's own tool last
+    ours, out, theirs = _run_tools_without(
+        site_dir, ('train.py', FAMILY[family]['demo'], '--work-dir', work, *options),
+        ('test.py', FAMILY[family]['demo'], work / 'iter_2.pth', '--work-dir', work / 'test',
+         '--cfg-options', *test),
+        (own, FAMILY[family]['demo'], '--work-dir', work / module, *options), timeout=600)
+    for run in (ours, theirs):
+        assert run.returncode == 0, (run.args[0], (run.stdout + run.stderr)[-3000:])
+        assert 'Iter(train) [2/2]' in run.stdout + run.stderr, run.args[0]
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     metric = 'coco/bbox_mAP' if family == 'mmdet' else 'mIoU'
     assert f'{metric}:' in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]

@@ -14,6 +14,7 @@ from mmengine.logging import print_log
 
 from .._deps import missing_family_message
 from ..models.utils.consumers import check_model
+from ..utils import meta_device
 from ..version import FAMILIES
 
 __all__ = ['task_of', 'task_registry', 'read_config', 'load_config', 'build_from_config',
@@ -149,38 +150,12 @@ def build_from_config(cfg, cfg_options: Optional[dict] = None, *,
     task = task_of(cfg)
     models = task_registry(task)
     with DefaultScope.overwrite_default_scope(cfg.get('default_scope', 'mmdet')):
-        with _on_meta() if device == 'meta' else contextlib.nullcontext():
+        with meta_device() if device == 'meta' else contextlib.nullcontext():
             model = revert_sync_batchnorm(models.build(cfg.model))
         check_model(model)  # reads the modules' sizes only: a meta model has them too
         if device is None:
             model.init_weights()
     return model, task
-
-
-# In-place operations of weight initialisation (torch.nn.init's, timm's trunc_normal_): on meta
-# tensors they compute nothing and change no shape, yet several of them (clamp_, erfinv_) run
-# Python meta functions that cost milliseconds a call, seconds for a large model.
-_INIT_OPS = frozenset({
-    'uniform_', 'normal_', 'trunc_normal_', 'erfinv_', 'clamp_', 'clamp_min_', 'clamp_max_',
-    'mul_', 'add_', 'sub_', 'div_', 'fill_', 'zero_', 'copy_', 'exponential_', 'log_normal_',
-    'bernoulli_', 'random_', 'sqrt_', 'exp_', 'neg_', 'abs_'})
-
-
-class _SkipInitOnMeta(torch.overrides.TorchFunctionMode):
-    """Initialisation's in-place operations on meta tensors return their tensor untouched."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if (getattr(func, '__name__', None) in _INIT_OPS and args
-                and isinstance(args[0], torch.Tensor) and args[0].is_meta):
-            return args[0]
-        return func(*args, **(kwargs or {}))
-
-
-@contextlib.contextmanager
-def _on_meta():
-    """Build modules on the meta device: shapes only, their initialisation skipped."""
-    with torch.device('meta'), _SkipInitOnMeta():
-        yield
 
 
 def num_classes_of(model: nn.Module, task: str) -> int:

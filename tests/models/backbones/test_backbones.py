@@ -24,6 +24,7 @@ from timm.models.cait import Cait
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from deepvit_mm import ColumnarBackbone, XCiT
+from deepvit_mm.utils import meta_device
 
 FAMILIES = {fam.__name__: fam for fam in ColumnarBackbone.families}
 ARCHS = [(name, arch) for name, fam in FAMILIES.items() for arch in family_archs(fam)]
@@ -99,7 +100,7 @@ def _ids(params):
 @functools.cache
 def _meta(family, arch, **kwargs) -> ColumnarBackbone:
     # the meta device runs the whole constructor without allocating or initialising the weights
-    with torch.device('meta'):
+    with meta_device():
         return FAMILIES[family](arch, **kwargs)
 
 

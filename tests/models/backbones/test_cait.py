@@ -18,6 +18,7 @@ from timm.models.cait import TalkingHeadAttn
 
 from deepvit_mm import CaiT, CheckpointError, XCiT
 from deepvit_mm.models.backbones.cait.window_attention import GridTalkingHeadAttn, talking_heads_chunked
+from deepvit_mm.utils import meta_device
 
 
 def _timm_model(name: str, **kwargs) -> torch.nn.Module:
@@ -53,7 +54,7 @@ def test_timm_name_sets_the_position_embedding_grid():
     CaiT-M48 and CaiT-S24 (twice) at full depth on the meta device."""
     # (name resolution itself: test_backbones.py)
     assert CaiT.resolve_arch('cait_xxs24_384.fb_dist_in1k') == 'xxs24'
-    with torch.device('meta'):
+    with meta_device():
         assert CaiT('cait_s36_384.fb_dist_in1k').pos_embed_grid == (24, 24)
         assert CaiT('cait_m48_448').pos_embed_grid == (28, 28)
         assert CaiT('s24').pos_embed_grid == (14, 14)
@@ -169,14 +170,14 @@ def test_window_attention_is_timms_attention_per_window(hw):
 def test_windowed_blocks_and_global_blocks():
     """``window_size`` windows every block but the global ones (by default the taps'). Builds
     CaiT-XXS24 at full depth three times on the meta device."""
-    with torch.device('meta'):  # structure only
+    with meta_device():  # structure only
         m = CaiT('xxs24', window_size=14)
     assert all(isinstance(b.attn, GridTalkingHeadAttn) for b in m.trunk.blocks)
     assert m.global_blocks == m.out_indices == (7, 11, 15, 23)
     sizes = [b.attn.window_size for b in m.trunk.blocks]
     assert [i for i, s in enumerate(sizes) if s == 0] == [7, 11, 15, 23]
     assert all(s == 14 for i, s in enumerate(sizes) if i not in (7, 11, 15, 23))
-    with torch.device('meta'):
+    with meta_device():
         m = CaiT('xxs24', window_size=7, global_blocks=(5, 17))
         assert [i for i, b in enumerate(m.trunk.blocks) if b.attn.window_size == 0] == [5, 17]
         assert all(b.attn.window_size == 0 for b in CaiT('xxs24').trunk.blocks)

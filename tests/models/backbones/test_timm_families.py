@@ -17,6 +17,7 @@ from deepvit_mm.compat.timm import create_model
 from deepvit_mm.compat.torch import cpu_float16_training_problem
 from deepvit_mm.engine.distributed.fsdp import columnar_block_policy
 from deepvit_mm.engine.optimizers.optim_wrapper_constructors import layer_ids
+from deepvit_mm.utils import meta_device
 
 FAMILIES = {'TimmViT': TimmViT, 'TimmEVA': TimmEVA, 'TimmBEiT': TimmBEiT}
 SMALLEST = {name: archs[0] for name, archs in TIMM_FAMILY_ARCHS.items()}
@@ -52,7 +53,7 @@ def test_arch_spec_is_timms_model(family):
     fam = FAMILIES[family]
     name = fam.examples[-1]
     spec = fam.arch_zoo[name]
-    with torch.device('meta'):  # (timm 1.0.16 builds on the meta device through compat.timm)
+    with meta_device():  # (timm 1.0.16 builds on the meta device through compat.timm)
         ref = create_model(name, num_classes=0)
     assert type(ref).__name__ in TIMM_CLASSES[family]
     assert (spec.embed_dim, spec.depth, spec.num_heads, spec.patch_size) == (
@@ -60,7 +61,7 @@ def test_arch_spec_is_timms_model(family):
     depth = spec.depth
     assert spec.out_indices == tuple(depth * k // 12 - 1 for k in (4, 6, 8, 12))
     assert spec.tap_stride == (16 if spec.patch_size == 14 else spec.patch_size)
-    with torch.device('meta'):
+    with meta_device():
         m = fam(name)
     assert type(m.trunk).__name__ in TIMM_CLASSES[family]
     assert len(m.trunk.blocks) == depth and m.out_indices == spec.out_indices
@@ -92,7 +93,7 @@ def test_simple_pyramid_rescales_one_tap(family):
     torch.testing.assert_close(outs[2], tap[0], rtol=0, atol=0)  # stride 16: the tap itself
     torch.testing.assert_close(outs[3], torch.nn.functional.max_pool2d(tap[0], 2), rtol=0, atol=0)
     # the default: the last block
-    with torch.device('meta'):
+    with meta_device():
         assert FAMILIES[family](SMALLEST[family], pyramid='simple').out_indices == \
             (m.arch_zoo[m.arch].depth - 1,)
 
@@ -104,7 +105,7 @@ def test_pyramid_choice_and_its_taps_are_checked():
         _small('TimmViT', pyramid='simple', out_indices=(2, 3))
     # the paper families take it too
     from deepvit_mm import XCiT
-    with torch.device('meta'):
+    with meta_device():
         m = XCiT('nano_12_p16', pyramid='simple')
     assert m.out_indices == (11,) and len(m.adapter.levels) == 4
 

@@ -43,6 +43,7 @@ from timm.models import beit, eva, vision_transformer
 from ....compat.timm import create_model
 from ....compat.torch import sdpa_takes_float_masks_under_autocast
 from ....registry import register_model
+from ....utils import meta_device
 from ..cait.model import even_taps
 from ..checks import check_window_arguments
 from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
@@ -99,7 +100,7 @@ class TimmArchTable(Mapping):
 
 @functools.cache
 def _spec(name: str) -> ArchSpec:
-    with torch.device('meta'):
+    with meta_device():
         m = create_model(name, pretrained=False, num_classes=0)
     patch = to_2tuple(m.patch_embed.patch_size)
     if patch[0] != patch[1]:

@@ -124,7 +124,8 @@ def pytest_configure(config):
     take them), and oneDNN, capped at AVX2, refuses them ("could not create a primitive
     descriptor"). An AVX2-only CPU never takes that path: torch runs its own bfloat16 kernels
     there. So where a bfloat16 convolution fails so, oneDNN is switched off for the run, and
-    torch's own kernels run, as on an AVX2-only CPU."""
+    torch's own kernels run, as on an AVX2-only CPU; the processes the tests start keep oneDNN,
+    without the cap."""
     want = os.environ.get('ATEN_CPU_CAPABILITY')
     have = torch.backends.cpu.get_cpu_capability()
     if want and want.upper() != have.upper():
@@ -137,6 +138,10 @@ def pytest_configure(config):
             if 'primitive descriptor' not in str(e):
                 raise
             torch.backends.mkldnn.enabled = False
+            # The processes the tests start (tools/train.py --amp) would meet the same refusal
+            # and nothing outside them can switch oneDNN off: they run oneDNN's kernels for this
+            # CPU (torch's own, ATEN_CPU_CAPABILITY, stay AVX2's).
+            os.environ.pop('ONEDNN_MAX_CPU_ISA')
 
 
 def cpu_model() -> str:

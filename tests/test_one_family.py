@@ -116,17 +116,9 @@ def _pip_install(*pkgs: str) -> str:
         f'"{pkg}=={TESTED["newest"][pkg]}"' for pkg in pkgs)
 
 
-def _last_json(out: subprocess.CompletedProcess) -> dict:
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.parametrize('family', sorted(FAMILY))
-def test_import_registers_in_the_installed_library(site_without, family):
-    """The backbones, optimizer constructors (and, with mmdet, CPUSingleRoIExtractor) are in the
-    installed library's registries; every module of the package but those of the other's models
-    imports."""
-    code = """
+def _import_code() -> str:
+    """What test_import_registers_in_the_installed_library reads: one line of JSON."""
+    return """
         import importlib, json, pkgutil
         import deepvit_mm
         from deepvit_mm.registry import MMDET_MODELS, MMSEG_MODELS, family_registries
@@ -151,27 +143,13 @@ def test_import_registers_in_the_installed_library(site_without, family):
             hooks=[HOOKS.get(n) is not None for n in ('CheckConsumersHook', 'FiniteLossHook')],
             loaded=sorted({m.split('.')[0] for m in sys.modules if m.startswith(('mmdet', 'mmseg'))}))))
         """
-    got = _last_json(_run_without(site_without(FAMILY[family]['left_out']), code))
-    det = family == 'mmdet'
-    assert got['registries'] == [det, not det]
-    assert got['backbones'] == [True, True] and got['hooks'] == [True, True]
-    assert got['constructors'] == [1, True, True]
-    assert got['loaded'] == [FAMILIES[family]['module']]
-    assert got['roi_extractor'] is det
-    if det:
-        assert got['roi'] == 'importable'
-    else:
-        assert f'mmdet is not installed: {_pip_install("mmdet")}' in got['roi'], got['roi']
 
 
-@pytest.mark.parametrize('family', sorted(FAMILY))
-def test_configs_build_and_the_others_say_what_to_install(site_without, family, tmp_path):
-    """The library's demo builds; the other's config, read, loaded, built, prepared for the tools
-    or given as a Config, and a user's config inheriting the other's (``mmseg::``), stop with one
-    message: what to install."""
+def _configs_code(family: str, tmp_path) -> str:
+    """What test_configs_build_and_the_others_say_what_to_install reads: one line of JSON."""
     other = FAMILY[family]['other']
     scope = FAMILIES[other]['scope']
-    code = f"""
+    return f"""
         import json
         import deepvit_mm
         from mmengine.config import Config
@@ -196,7 +174,52 @@ def test_configs_build_and_the_others_say_what_to_install(site_without, family, 
                 errors.append([type(e).__name__, str(e), e.__context__ is None or e.__suppress_context__])
         print(json.dumps(dict(task=task, backbone=type(model.backbone).__name__, errors=errors)))
         """
-    got = _last_json(_run_without(site_without(FAMILY[family]['left_out']), code))
+
+
+@pytest.fixture(scope='module')
+def in_family(site_without, tmp_path_factory):
+    """``in_family(family)``: one fresh interpreter per family (made once) builds the configs, then
+    imports every module: what the two tests below read (one dict each)."""
+    done = {}
+
+    def run(family):
+        if family not in done:
+            tmp = tmp_path_factory.mktemp('user')
+            code = textwrap.dedent(_configs_code(family, tmp)) + textwrap.dedent(_import_code())
+            out = _run_without(site_without(FAMILY[family]['left_out']), code)
+            assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+            configs, imports = out.stdout.strip().splitlines()[-2:]
+            done[family] = dict(configs=json.loads(configs), imports=json.loads(imports))
+        return done[family]
+    return run
+
+
+@pytest.mark.parametrize('family', sorted(FAMILY))
+def test_import_registers_in_the_installed_library(in_family, family):
+    """The backbones, optimizer constructors (and, with mmdet, CPUSingleRoIExtractor) are in the
+    installed library's registries; every module of the package but those of the other's models
+    imports. ~5-15 s: the family's interpreter (shared with the configs' test)."""
+    got = in_family(family)['imports']
+    det = family == 'mmdet'
+    assert got['registries'] == [det, not det]
+    assert got['backbones'] == [True, True] and got['hooks'] == [True, True]
+    assert got['constructors'] == [1, True, True]
+    assert got['loaded'] == [FAMILIES[family]['module']]
+    assert got['roi_extractor'] is det
+    if det:
+        assert got['roi'] == 'importable'
+    else:
+        assert f'mmdet is not installed: {_pip_install("mmdet")}' in got['roi'], got['roi']
+
+
+@pytest.mark.parametrize('family', sorted(FAMILY))
+def test_configs_build_and_the_others_say_what_to_install(in_family, family):
+    """The library's demo builds; the other's config, read, loaded, built, prepared for the tools
+    or given as a Config, and a user's config inheriting the other's (``mmseg::``), stop with one
+    message: what to install. ~5-15 s: the family's interpreter (shared with the import test)."""
+    other = FAMILY[family]['other']
+    scope = FAMILIES[other]['scope']
+    got = in_family(family)['configs']
     assert got['task'] == ('det' if family == 'mmdet' else 'seg') and got['backbone'] == 'XCiT'
     install = f'{other} is not installed: {_pip_install(other)}'
     for i, error in enumerate(got['errors']):

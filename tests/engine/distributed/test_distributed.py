@@ -247,12 +247,13 @@ def test_fsdp_trains_the_weights_of_ddp(one_node, sharded, shapes, tmp_path, var
     """configs/_base_/fsdp.py on 2 CPU processes: one FSDP unit per trunk block, and after 6 steps
     its full checkpoint (gathered on rank 0) holds the weights DDP trained, bit for bit (the
     recipe: the one-node run's). The second variant adds what the large backbones train with:
-    layer-wise lr decay and gradient checkpointing; ~40-80 s, a DDP and an FSDP run of it."""
+    layer-wise lr decay and gradient checkpointing, without gradient clipping (the strategy's
+    path for an optimizer that does not clip); ~40-80 s, a DDP and an FSDP run of it."""
     if variant == 'recipe':
         ddp = one_node[0]
         work, log = sharded
     else:
-        options = (_initial_weights(one_node, tmp_path),
+        options = (_initial_weights(one_node, tmp_path), 'optim_wrapper.clip_grad=None',
                    'optim_wrapper.constructor=ColumnarLayerDecayOptimizerConstructor',
                    'optim_wrapper.paramwise_cfg.decay_rate=0.65', 'model.backbone.with_cp=True')
         ddp, _ = _dist_train(shapes, tmp_path / 'ddp', 'torchrun', options=options)

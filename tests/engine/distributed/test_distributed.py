@@ -34,11 +34,11 @@ def _free_port() -> int:
 
 
 
-# Every run: 6 steps, a checkpoint after steps 2, 4 and 6, the dataloader in a worker process
-# (RNGStateHook keeps its state), gradient clipping computed and logged but never scaling (max
-# norm 1e9: the gradients are multiplied by exactly 1), so that DDP and FSDP runs, whose norms
-# sum in different orders, train bit-identical weights. Runs compare with the one-node run
-# (``one_node``): other launches, FSDP, a resumed or restarted run.
+# Every run (unless its options say otherwise): 6 steps, a checkpoint after steps 2, 4 and 6, the
+# dataloader in a worker process (RNGStateHook keeps its state), gradient clipping computed and
+# logged but never scaling (max norm 1e9: the gradients are multiplied by exactly 1), so that DDP
+# and FSDP runs, whose norms sum in different orders, train bit-identical weights. Runs compare
+# with the one-node run (``one_node``): other launches, FSDP, a resumed or restarted run.
 ITERS = 6
 FAKE_SRUN = """#!/usr/bin/env bash
 # stand-in srun: starts --ntasks copies of the command with the task environment Slurm gives them

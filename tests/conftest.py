@@ -178,6 +178,9 @@ def run_in_process(monkeypatch, script: str, *args) -> int:
     and ``sys.path`` given back after): for tests where a tool's start in a new process is not what
     is tested (another test starts it). Returns its exit status."""
     import runpy
+    # the tools restart themselves on tcmalloc where the system has it (setup_cpu_malloc): here
+    # that would restart the test process
+    monkeypatch.setenv('DEEPVIT_MALLOC', 'glibc')
     monkeypatch.setattr(sys, 'argv', [script, *map(str, args)])
     monkeypatch.setattr(sys, 'path', list(sys.path))
     try:

@@ -323,33 +323,35 @@ def uninterrupted(one_node):
     return read_checkpoint(str(one_node[0] / 'iter_6.pth'))['state_dict']
 
 
-def _kill_rank1_once(marker: str):
-    """``while_running``: once ``work/<marker>`` exists, SIGKILL the worker of rank 1."""
+def _kill_rank1_at(*markers: str):
+    """``while_running``: for each of ``markers`` in turn, once ``work/<marker>`` exists, SIGKILL
+    the worker of rank 1 (the one whose pid ``rank1.pid`` holds then: a restarted group writes
+    its own)."""
     import signal
 
     def run(work, procs):
-        deadline = time.time() + 300
-        while not (work / marker).exists():
-            assert all(p.poll() is None for p in procs), 'the run ended before the kill'
-            assert time.time() < deadline, f'no {marker} after 300 s'
-            time.sleep(0.05)
-        os.kill(int((work / 'rank1.pid').read_text()), signal.SIGKILL)
+        for marker in markers:
+            deadline = time.time() + 300
+            while not (work / marker).exists():
+                assert all(p.poll() is None for p in procs), f'the run ended before {marker}'
+                assert time.time() < deadline, f'no {marker} after 300 s'
+                time.sleep(0.05)
+            os.kill(int((work / 'rank1.pid').read_text()), signal.SIGKILL)
     return run
 
 
-@pytest.mark.parametrize('launch', ['torchrun', 'nodes'])
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_a_killed_worker_restarts_the_group_and_ends_bit_identical(uninterrupted, shapes,
-                                                                   tmp_path, launch):
-    """kill -9 of rank 1 after step 5 of 6 (tools/dist_train.sh with MAX_RESTARTS and --resume;
-    ``nodes``: two torchrun agents, one worker each, at a c10d rendezvous): torchrun restarts
-    the group, which resumes from step 4's checkpoint and ends with the uninterrupted run's
-    weights, bit for bit."""
-    work, log = _dist_train(shapes, tmp_path, launch,
+                                                                   tmp_path):
+    """Two nodes (two torchrun agents, one worker each, at a c10d rendezvous; tools/dist_train.sh
+    with NNODES, MAX_RESTARTS and --resume): kill -9 of rank 1 after step 5 of 6, and the agents
+    restart the group, which resumes from step 4's checkpoint and ends with the uninterrupted
+    run's weights, bit for bit. (One node: the next test.)"""
+    work, log = _dist_train(shapes, tmp_path, 'nodes',
                             hooks=["dict(type='KillPointHook', rank=1, after_iter=5)"],
                             args=('--resume',), env_more=dict(MAX_RESTARTS='2'),
-                            while_running=_kill_rank1_once('hang'))
+                            while_running=_kill_rank1_at('hang'))
     # torchrun saw the kill, and the restarted group resumed (the first try had no checkpoint)
     assert re.search(r'failed \(exitcode: -9\) local_rank: \d', log), log[-5000:]
     assert 'resumed epoch: 0, iter: 4' in log, log[-5000:]
@@ -360,19 +362,25 @@ def test_a_killed_worker_restarts_the_group_and_ends_bit_identical(uninterrupted
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_a_worker_killed_while_rank0_writes_a_checkpoint(uninterrupted, shapes, tmp_path):
-    """Rank 1 killed while rank 0 writes step 4's checkpoint (half written, then the restart
-    stops rank 0): the group resumes from step 2's, the newest complete one, and ends with the
-    uninterrupted run's weights."""
-    saving = tmp_path / 'work' / 'saving'
+def test_workers_killed_twice_restart_from_the_newest_complete_checkpoint(uninterrupted, shapes,
+                                                                        tmp_path):
+    """One node (tools/dist_train.sh, 2 workers, MAX_RESTARTS=2, --resume), rank 1 killed twice:
+    first while rank 0 writes step 4's checkpoint (half written; the restart stops rank 0), and the
+    group resumes from step 2's, the newest complete one; then after step 5 of the restarted group,
+    which resumes from step 4's. The run ends with the uninterrupted run's weights, bit for bit,
+    each process with its own RNG state. ~40-60 s: three generations of workers."""
     work, log = _dist_train(shapes, tmp_path, 'torchrun', imports=['slow_save'],
-                            hooks=["dict(type='KillPointHook')"], args=('--resume',),
-                            env_more=dict(MAX_RESTARTS='1', SLOW_SAVE_MATCH='iter_4',
-                                          SLOW_SAVE_MARKER=str(saving)),
-                            while_running=_kill_rank1_once('saving'))
-    assert re.search(r'failed \(exitcode: -9\) local_rank: 1', log), log[-5000:]
-    assert 'resumed epoch: 0, iter: 2' in log and 'resumed epoch: 0, iter: 4' not in log
+                            hooks=["dict(type='KillPointHook', rank=1, after_iter=5)"],
+                            args=('--resume',),
+                            env_more=dict(MAX_RESTARTS='2', SLOW_SAVE_MATCH='iter_4',
+                                          SLOW_SAVE_MARKER=str(tmp_path / 'work' / 'saving')),
+                            while_running=_kill_rank1_at('saving', 'hang'))
+    assert len(re.findall(r'failed \(exitcode: -9\) local_rank: 1', log)) == 2, log[-5000:]
+    resumed = list(dict.fromkeys(re.findall(r'resumed epoch: 0, iter: (\d+)', log)))
+    assert resumed == ['2', '4'], log[-5000:]
+    assert 'shares its rendezvous store' not in log
     _assert_same_weights(read_checkpoint(str(work / 'iter_6.pth'))['state_dict'], uninterrupted)
+    _assert_own_rng_states(work / 'iter_4.pth')
 
 
 @needs_cpu_fsdp

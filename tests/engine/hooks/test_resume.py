@@ -52,19 +52,19 @@ def _losses(work_dir):
 
 @pytest.fixture(scope='module')
 def reference(shapes, tmp_path_factory):
-    """12 steps that nothing interrupts, a checkpoint every 4."""
+    """6 steps that nothing interrupts, a checkpoint every 2."""
     ref = tmp_path_factory.mktemp('reference')
-    _run(_train_cmd(shapes, ref, 12, 4))
+    _run(_train_cmd(shapes, ref, 6, 2))
     return ref
 
 
 @pytest.mark.slow
 def test_same_seed_same_losses(reference, shapes, tmp_path):
-    """A second 12-step run of tools/train.py logs the reference run's losses, bit for bit. ~20-50
+    """A second 6-step run of tools/train.py logs the reference run's losses, bit for bit. ~15-40
     s: two training processes (the reference is the module's)."""
-    _run(_train_cmd(shapes, tmp_path, 12, 4))
+    _run(_train_cmd(shapes, tmp_path, 6, 2))
     la, lb = _losses(reference), _losses(tmp_path)
-    assert len(la) == 12 and la == lb
+    assert len(la) == 6 and la == lb
 
 
 def _kill_when(proc, done, what):
@@ -78,29 +78,29 @@ def _kill_when(proc, done, what):
 
 @pytest.mark.slow
 def test_kill_during_a_checkpoint_write_loses_nothing_complete(reference, shapes, tmp_path):
-    """With max_keep_ckpts=1, a run killed (SIGKILL) while it writes iter_8 keeps iter_4
+    """With max_keep_ckpts=1, a run killed (SIGKILL) while it writes iter_4 keeps iter_2
     (mmengine's own hook deletes it first), resumes from it, leaves no temp file and ends
     bit-identical to an uninterrupted run."""
     crash = tmp_path / 'crash'
     keep1 = ['default_hooks.checkpoint.max_keep_ckpts=1']
     marker = tmp_path / 'writing'
     env = dict(ENV, PYTHONPATH=TESTS,
-               SLOW_SAVE_MATCH='iter_8.pth', SLOW_SAVE_MARKER=str(marker))
-    train = _train_cmd(shapes, crash, 12, 4, opts=keep1)
+               SLOW_SAVE_MATCH='iter_4.pth', SLOW_SAVE_MARKER=str(marker))
+    train = _train_cmd(shapes, crash, 6, 2, opts=keep1)
     cmd = [sys.executable, '-c', 'import runpy, sys, slow_save; sys.argv = sys.argv[1:]; '
            'runpy.run_path(sys.argv[0], run_name="__main__")', *train[1:]]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    _kill_when(proc, marker.exists, 'the iter_8 write')
+    _kill_when(proc, marker.exists, 'the iter_4 write')
     def saved():  # what the checkpoint hook wrote (mmengine also dumps the config there)
         return sorted(n for n in os.listdir(crash) if '.pth' in n or n == 'last_checkpoint')
-    assert saved() == ['iter_4.pth', 'iter_8.pth.tmp', 'last_checkpoint']
-    assert (crash / 'last_checkpoint').read_text() == str(crash / 'iter_4.pth')
-    out = _run(_train_cmd(shapes, crash, 12, 4, '--resume', opts=keep1))
+    assert saved() == ['iter_2.pth', 'iter_4.pth.tmp', 'last_checkpoint']
+    assert (crash / 'last_checkpoint').read_text() == str(crash / 'iter_2.pth')
+    out = _run(_train_cmd(shapes, crash, 6, 2, '--resume', opts=keep1))
     log = out.stdout + out.stderr
-    assert 'resumed epoch: 0, iter: 4' in log and 'removed iter_8.pth.tmp' in log
-    assert saved() == ['iter_12.pth', 'last_checkpoint']
-    want, got = _weights(reference / 'iter_12.pth'), _weights(crash / 'iter_12.pth')
+    assert 'resumed epoch: 0, iter: 2' in log and 'removed iter_4.pth.tmp' in log
+    assert saved() == ['iter_6.pth', 'last_checkpoint']
+    want, got = _weights(reference / 'iter_6.pth'), _weights(crash / 'iter_6.pth')
     assert want.keys() == got.keys()
     diff = [k for k in want if not torch.equal(want[k], got[k])]
     assert not diff, f'{len(diff)} tensors differ, e.g. {diff[:3]}'
@@ -121,39 +121,39 @@ def test_non_finite_loss_stops_training(shapes, tmp_path, monkeypatch):
 
 
 def _resumable_copy(reference, wd) -> None:
-    """``wd`` as a run that stopped after the reference's step 4 leaves it (its checkpoint, and
+    """``wd`` as a run that stopped after the reference's step 2 leaves it (its checkpoint, and
     ``last_checkpoint`` naming it)."""
     import shutil
     wd.mkdir(parents=True)
-    shutil.copy(reference / 'iter_4.pth', wd / 'iter_4.pth')
-    (wd / 'last_checkpoint').write_text(str(wd / 'iter_4.pth'))
+    shutil.copy(reference / 'iter_2.pth', wd / 'iter_2.pth')
+    (wd / 'last_checkpoint').write_text(str(wd / 'iter_2.pth'))
 
 
 @pytest.mark.slow
 def test_disk_full_during_a_checkpoint_write_stops_with_one_message(reference, shapes, tmp_path):
-    """A real run resumed (from the reference run's step 4) under a file-size limit below a
+    """A real run resumed (from the reference run's step 2) under a file-size limit below a
     checkpoint's size (RLIMIT_FSIZE: the write fails with EFBIG, as on a full disk or quota): one
     message, the previous checkpoint kept and named, no temporary file left. ~15 s: a tool's
     process."""
     import resource
     wd = tmp_path / 'wd'
     _resumable_copy(reference, wd)
-    size = os.path.getsize(wd / 'iter_4.pth')
+    size = os.path.getsize(wd / 'iter_2.pth')
 
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
-    out = subprocess.run(_train_cmd(shapes, wd, 12, 4, '--resume'), cwd=ROOT, env=ENV,
+    out = subprocess.run(_train_cmd(shapes, wd, 6, 2, '--resume'), cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=600, preexec_fn=limit)
     assert out.returncode == 1, out.stderr[-3000:]
     last = out.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
-        r'training stopped: could not write the checkpoint \S+/iter_8\.pth \(EFBIG: File too '
-        r'large\)\. The previous complete checkpoint, \S+/iter_4\.pth, is kept\. No partial file '
+        r'training stopped: could not write the checkpoint \S+/iter_4\.pth \(EFBIG: File too '
+        r'large\)\. The previous complete checkpoint, \S+/iter_2\.pth, is kept\. No partial file '
         r'was left\. Free space .*, then continue with tools/train\.py CONFIG --resume\.', last), last
     assert 'Traceback' not in out.stderr
-    assert sorted(n for n in os.listdir(wd) if 'iter_' in n) == ['iter_4.pth']
-    assert (wd / 'last_checkpoint').read_text().strip().endswith('iter_4.pth')
-    assert find_resumable_checkpoint(str(wd)).endswith('iter_4.pth')
+    assert sorted(n for n in os.listdir(wd) if 'iter_' in n) == ['iter_2.pth']
+    assert (wd / 'last_checkpoint').read_text().strip().endswith('iter_2.pth')
+    assert find_resumable_checkpoint(str(wd)).endswith('iter_2.pth')
 
 
 def test_a_failed_last_checkpoint_write_keeps_the_old_one_and_leaves_no_temporary_file(
@@ -193,11 +193,11 @@ def test_resume_never_evaluates_config_text_planted_in_the_checkpoint(reference,
     """mmengine's Runner.resume evaluates meta['config'] with Config.fromstring: code planted there
     (in the reference run's checkpoint, otherwise plain data) does not run; the run stops with a
     message. ~10 s: a tool's process."""
-    ckpt = torch.load(reference / 'iter_4.pth', weights_only=False)  # our own file, read in full
+    ckpt = torch.load(reference / 'iter_2.pth', weights_only=False)  # our own file, read in full
     ckpt['meta']['config'] = "import os\nos.system('touch PWNED')\ngpu_ids = [0]\n"
     planted = tmp_path / 'planted.pth'
     torch.save(ckpt, planted)
-    out = subprocess.run(_train_cmd(shapes, tmp_path / 'wd2', 8, 4, '--resume', str(planted)),
+    out = subprocess.run(_train_cmd(shapes, tmp_path / 'wd2', 6, 2, '--resume', str(planted)),
                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode != 0
     assert "did not evaluate the config text stored in checkpoint" in out.stderr

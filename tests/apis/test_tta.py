@@ -4,8 +4,6 @@ import glob
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -108,8 +106,9 @@ class TTAProbeHook(Hook):
 '''
 
 
-def _run_test(tmp_path, config, data_root, checkpoint, *extra):
-    """tools/test.py on ``config`` (through a child config adding the probe hook)."""
+def _run_test(in_process, monkeypatch, tmp_path, config, data_root, checkpoint, *extra):
+    """tools/test.py on ``config`` (through a child config adding the probe hook), in this process
+    (tests/test_one_family.py starts the tool as a process)."""
     (tmp_path / 'tta_probe.py').write_text(PROBE)
     child = tmp_path / 'probed.py'
     child.write_text(textwrap.dedent(f"""
@@ -124,11 +123,9 @@ def _run_test(tmp_path, config, data_root, checkpoint, *extra):
     if config == DEMO_DET:
         ann = os.path.join(data_root, 'annotations', 'instances_val.json')
         opts.append(f'test_evaluator.ann_file={ann}')
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore',
-               PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
-    run = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'test.py'), str(child),
-                          str(checkpoint), '--work-dir', str(work), *extra, '--cfg-options', *opts],
-                         capture_output=True, text=True, timeout=900, env=env, cwd=str(tmp_path))
+    monkeypatch.syspath_prepend(str(tmp_path))  # the probe's module, for custom_imports
+    run = in_process(os.path.join(ROOT, 'tools', 'test.py'), str(child), str(checkpoint),
+                     '--work-dir', str(work), *extra, '--cfg-options', *opts, cwd=str(tmp_path))
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-3000:]
     return log, json.loads((work / 'probe.json').read_text()), work
@@ -141,32 +138,33 @@ def _checkpoint(config, path):
 
 
 @pytest.mark.slow
-def test_tools_test_tta_on_the_demo_segmentor(tmp_path):
+def test_tools_test_tta_on_the_demo_segmentor(tmp_path, in_process, monkeypatch):
     """12 views an image (6 scales x flip), 12 backbone forwards an image, SegTTAModel merging,
     an mIoU; without --tta one view and one forward. --vis-backend writes TensorBoard events."""
     from deepvit_tools.demo_data import make_ade_demo
     data = tmp_path / 'ade'
     make_ade_demo(str(data), num_train=1, num_val=2, size=128, seed=3)
     _checkpoint(DEMO_SEG, tmp_path / 'seg.pth')
-    log, probe, work = _run_test(tmp_path, DEMO_SEG, data, tmp_path / 'seg.pth', '--tta',
-                                 '--vis-backend', 'tensorboard')
+    log, probe, work = _run_test(in_process, monkeypatch, tmp_path, DEMO_SEG, data,
+                                 tmp_path / 'seg.pth', '--tta', '--vis-backend', 'tensorboard')
     assert probe == dict(model='SegTTAModel', views=[12, 12], images=2, backbone_calls=24)
     assert re.search(r'mIoU: \d+\.\d+', log), log[-3000:]
     assert glob.glob(str(work / '*' / 'vis_data' / 'events.out.tfevents.*'))
-    log, probe, _ = _run_test(tmp_path, DEMO_SEG, data, tmp_path / 'seg.pth')
+    log, probe, _ = _run_test(in_process, monkeypatch, tmp_path, DEMO_SEG, data, tmp_path / 'seg.pth')
     assert probe == dict(model='EncoderDecoder', views=[1, 1], images=2, backbone_calls=2)
     assert re.search(r'mIoU: \d+\.\d+', log), log[-3000:]
 
 
 @pytest.mark.slow
-def test_tools_test_tta_on_the_demo_detector(tmp_path):
+def test_tools_test_tta_on_the_demo_detector(tmp_path, in_process, monkeypatch):
     """2 views an image (flip), DetTTAModel merging the boxes, a bbox mAP; the mask head left
     out (its tensors skipped, nothing left at init)."""
     from deepvit_tools.demo_data import make_shapes_coco
     data = tmp_path / 'shapes'
     make_shapes_coco(str(data), num_train=1, num_val=2, size=128, seed=3)
     _checkpoint(DEMO_DET, tmp_path / 'det.pth')
-    log, probe, _ = _run_test(tmp_path, DEMO_DET, data, tmp_path / 'det.pth', '--tta')
+    log, probe, _ = _run_test(in_process, monkeypatch, tmp_path, DEMO_DET, data,
+                              tmp_path / 'det.pth', '--tta')
     assert probe['model'] == 'DetTTAModel' and probe['views'] == [2] and probe['images'] == 2
     assert probe['backbone_calls'] == 2  # each view a batch of both images
     assert re.search(r'bbox_mAP: -?\d+\.\d+', log), log[-3000:]

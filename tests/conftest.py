@@ -196,13 +196,19 @@ def run_in_process(monkeypatch, script: str, *args) -> int:
 @pytest.fixture
 def in_process(monkeypatch, capsys):
     """``in_process(script, *args, cwd=...)``: ``run_in_process`` with what the script printed, as
-    ``subprocess.run`` returns it (a ``CompletedProcess``)."""
+    ``subprocess.run`` returns it (a ``CompletedProcess``); an exception it raises ends it as it
+    would end the process: its traceback on stderr, exit status 1."""
     import subprocess
+    import traceback
 
     def run(script, *args, cwd):
         monkeypatch.chdir(cwd)
         capsys.readouterr()
-        code = run_in_process(monkeypatch, script, *args)
+        try:
+            code = run_in_process(monkeypatch, script, *args)
+        except Exception:
+            traceback.print_exc()
+            code = 1
         out, err = capsys.readouterr()
         return subprocess.CompletedProcess([script, *args], code, out, err)
     return run

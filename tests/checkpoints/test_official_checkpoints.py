@@ -14,8 +14,6 @@ what the official code computed.
 """
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -236,10 +234,11 @@ def test_unpadded_input_sizes_and_minimum(arch):
 
 
 @pytest.mark.slow
-def test_tools_test_on_generated_ade20k_returns_miou(tmp_path, server, monkeypatch):
+def test_tools_test_on_generated_ade20k_returns_miou(tmp_path, server, monkeypatch, in_process):
     """`tools/test.py CONFIG URL` on the generated ADE20k-format data, with a checkpoint in the
     official layout (mmseg 0.x meta data) served over HTTP: it is downloaded, loads completely and
-    mIoU comes out; a backbone-only checkpoint is refused (it would evaluate to nothing)."""
+    mIoU comes out; a backbone-only checkpoint is refused (it would evaluate to nothing). (The
+    tool runs in this process: tests/test_one_family.py starts it as a process.)"""
     from deepvit_tools.demo_data import make_ade_demo
     data = tmp_path / 'ade'
     make_ade_demo(str(data), num_train=1, num_val=3, size=128, seed=3)
@@ -255,13 +254,12 @@ def test_tools_test_on_generated_ade20k_returns_miou(tmp_path, server, monkeypat
     opts = [f'{k}={v}' for k, v in {
         'test_dataloader.dataset.data_root': data, 'test_dataloader.num_workers': 0,
         'test_dataloader.persistent_workers': False}.items()]
-    env = dict(os.environ, TORCH_HOME=str(tmp_path / 'torch_home'))
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
 
     def test(name):
-        out = subprocess.run(
-            [sys.executable, os.path.join(ROOT, 'tools', 'test.py'), demo, f'{url}/{name}',
-             '--work-dir', str(tmp_path / 'work'), '--cfg-options', *opts],
-            capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=env)
+        out = in_process(os.path.join(ROOT, 'tools', 'test.py'), demo, f'{url}/{name}',
+                         '--work-dir', str(tmp_path / 'work'), '--cfg-options', *opts,
+                         cwd=str(tmp_path))
         return out.returncode, out.stdout + out.stderr
     code, log = test('sem_fpn_official.pth')
     assert code == 0, log[-3000:]

@@ -15,8 +15,6 @@ import importlib.util
 import json
 import os
 import pickle
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -36,14 +34,8 @@ from deepvit_mm.apis import (
 RECIPES = sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py')))
 DEMO_DET = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
-ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', PYTHONPATH=ROOT)
 MMDET_TOOLS = os.path.join(os.path.dirname(importlib.util.find_spec('mmdet').origin), '.mim',
                            'tools')
-
-
-def _run(*args, cwd, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=ENV, cwd=str(cwd))
 
 
 def _checkpoint(config: str, path) -> None:
@@ -75,16 +67,15 @@ def test_auto_scale_lr_scales_the_runner_lr_to_the_batch(tmp_path):
     assert _runner_lrs(tmp_path / 'on', cfg_options=half, auto_scale_lr=True) == [lr / 2]
 
 
-@pytest.mark.slow
-def test_auto_scale_lr_without_a_base_batch_says_what_to_add(tmp_path):
+def test_auto_scale_lr_without_a_base_batch_says_what_to_add(tmp_path, in_process):
     """--auto-scale-lr on a config without a base batch: what to add, from prepare_config and from
-    tools/train.py as a process. ~10 s: the process."""
+    tools/train.py (in this process: its start as one is tested elsewhere), in one line."""
     config = tmp_path / 'no_base.py'
     config.write_text(f"_base_ = '{DEMO_SEG}'\nauto_scale_lr = dict(_delete_=True, enable=False)\n")
     with pytest.raises(ValueError, match=r'auto_scale_lr = dict\(enable=False, base_batch_size=N\)'):
         prepare_config(str(config), auto_scale_lr=True)
-    run = _run(os.path.join(ROOT, 'tools', 'train.py'), config, '--auto-scale-lr', '--work-dir',
-               tmp_path / 'work', cwd=tmp_path)
+    run = in_process(os.path.join(ROOT, 'tools', 'train.py'), config, '--auto-scale-lr',
+                     '--work-dir', tmp_path / 'work', cwd=tmp_path)
     assert run.returncode == 1 and 'Traceback' not in run.stderr, run.stderr[-3000:]
     assert 'base_batch_size=N' in run.stderr.splitlines()[-1]
 
@@ -161,20 +152,18 @@ def test_an_unknown_vis_backend_is_refused_with_the_names():
         vis_backend_types(['local', 'nosuch'])
 
 
-@pytest.mark.slow
-def test_a_vis_backend_without_its_package_names_the_pip_install(monkeypatch, tmp_path):
-    """tools/train.py --vis-backend wandb without wandb, as a process: one line naming the pip
-    install. ~10 s: the process."""
+def test_a_vis_backend_without_its_package_names_the_pip_install(monkeypatch, tmp_path,
+                                                                 in_process):
+    """tools/train.py --vis-backend wandb without wandb (in this process, which cannot find it
+    here even where it is installed): one line naming the pip install, before the run begins."""
     monkeypatch.setattr(apis_config, '_installed', lambda module: module != 'wandb')
     cfg = Config.fromfile(DEMO_SEG)
     before = list(cfg.visualizer.vis_backends)
     with pytest.raises(ImportError, match='pip install wandb'):
         set_vis_backends(cfg, ['local', 'wandb'])
     assert cfg.visualizer.vis_backends == before  # nothing changed
-    if importlib.util.find_spec('wandb') is not None:
-        return  # the tool's own message needs wandb missing
-    run = _run(os.path.join(ROOT, 'tools', 'train.py'), DEMO_SEG, '--vis-backend', 'wandb',
-               '--work-dir', tmp_path / 'work', cwd=tmp_path)
+    run = in_process(os.path.join(ROOT, 'tools', 'train.py'), DEMO_SEG, '--vis-backend', 'wandb',
+                     '--work-dir', tmp_path / 'work', cwd=tmp_path)
     assert run.returncode == 1 and 'Traceback' not in run.stderr, run.stderr[-3000:]
     assert run.stderr.splitlines()[-1] == '--vis-backend wandb needs its package: pip install wandb'
     assert not (tmp_path / 'work').exists()  # refused before the run began

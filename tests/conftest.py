@@ -165,6 +165,35 @@ def _seed():
     yield
 
 
+def _cpu_autocast_enabled() -> bool:
+    try:
+        return torch.is_autocast_enabled('cpu')
+    except TypeError:  # torch < 2.4: no device argument
+        return torch.is_autocast_cpu_enabled()
+
+
+def _torch_state() -> dict:
+    """The process-wide torch settings a test (or a tool run in its process) could leave behind,
+    slowing or changing every later test of that process."""
+    return dict(
+        grad=torch.is_grad_enabled(), default_dtype=torch.get_default_dtype(),
+        deterministic=torch.are_deterministic_algorithms_enabled(),
+        cpu_autocast=_cpu_autocast_enabled(),
+        function_modes=torch._C._len_torch_function_stack(),
+        dispatch_modes=torch._C._len_torch_dispatch_stack(),
+        threads=torch.get_num_threads(), environ_local_rank=os.environ.get('LOCAL_RANK'))
+
+
+@pytest.fixture(autouse=True)
+def _no_torch_state_left():
+    """A test gives back torch's process-wide settings as it found them (it fails otherwise)."""
+    before = _torch_state()
+    yield
+    after = _torch_state()
+    left = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+    assert not left, f'the test left torch settings changed (before, after): {left}'
+
+
 @pytest.fixture(autouse=True)
 def _restore_default_scope(monkeypatch):
     """Whatever default scope a test sets is gone after it (the test sees a copy of mmengine's
@@ -174,10 +203,13 @@ def _restore_default_scope(monkeypatch):
 
 
 def run_in_process(monkeypatch, script: str, *args) -> int:
-    """``python script args`` in this process (the script's ``__main__`` block, its ``sys.argv``
-    and ``sys.path`` given back after): for tests where a tool's start in a new process is not what
-    is tested (another test starts it). Returns its exit status."""
+    """``python script args`` in this process (the script's ``__main__`` block; its ``sys.argv``,
+    ``sys.path`` and environment variables given back after): for tests where a tool's start in a
+    new process is not what is tested (another test starts it). Returns its exit status."""
     import runpy
+    for key in ('LOCAL_RANK', 'RANK', 'WORLD_SIZE'):  # what the tools set: gone after
+        monkeypatch.setenv(key, '')
+        monkeypatch.delenv(key)
     # the tools restart themselves on tcmalloc where the system has it (setup_cpu_malloc): here
     # that would restart the test process
     monkeypatch.setenv('DEEPVIT_MALLOC', 'glibc')

@@ -173,8 +173,9 @@ def _cpu_autocast_enabled() -> bool:
 
 
 def _torch_state() -> dict:
-    """The process-wide torch settings a test (or a tool run in its process) could leave behind,
-    slowing or changing every later test of that process."""
+    """The process-wide settings a test (or a tool run in its process) could leave behind,
+    slowing or changing every later test of that process: torch's, and ``LOCAL_RANK`` (set by
+    tools/train.py)."""
     return dict(
         grad=torch.is_grad_enabled(), default_dtype=torch.get_default_dtype(),
         deterministic=torch.are_deterministic_algorithms_enabled(),
@@ -186,7 +187,8 @@ def _torch_state() -> dict:
 
 @pytest.fixture(autouse=True)
 def _no_torch_state_left():
-    """A test gives back torch's process-wide settings as it found them (it fails otherwise)."""
+    """A test gives back the process-wide settings of ``_torch_state`` as it found them (it fails
+    otherwise)."""
     before = _torch_state()
     yield
     after = _torch_state()
@@ -207,7 +209,9 @@ def run_in_process(monkeypatch, script: str, *args) -> int:
     ``sys.path`` and environment variables given back after): for tests where a tool's start in a
     new process is not what is tested (another test starts it). Returns its exit status."""
     import runpy
-    for key in ('LOCAL_RANK', 'RANK', 'WORLD_SIZE'):  # what the tools set: gone after
+    # the launcher variables the tools set (tools/train.py: LOCAL_RANK) are gone after, as a new
+    # process's would be: setenv first, so that monkeypatch records the value to give back
+    for key in ('LOCAL_RANK', 'RANK', 'WORLD_SIZE'):
         monkeypatch.setenv(key, '')
         monkeypatch.delenv(key)
     # the tools restart themselves on tcmalloc where the system has it (setup_cpu_malloc): here

@@ -16,6 +16,7 @@ Test files import the helpers (``from conftest import build_model``), as pytest 
 """
 import contextlib
 import copy
+import gc
 import http.server
 import os
 import sys
@@ -174,15 +175,16 @@ def _cpu_autocast_enabled() -> bool:
 
 def _torch_state() -> dict:
     """The process-wide settings a test (or a tool run in its process) could leave behind,
-    slowing or changing every later test of that process: torch's, and ``LOCAL_RANK`` (set by
-    tools/train.py)."""
+    slowing or changing every later test of that process: torch's, ``LOCAL_RANK`` (set by
+    tools/train.py) and the garbage collector's frozen objects (the tools freeze theirs)."""
     return dict(
         grad=torch.is_grad_enabled(), default_dtype=torch.get_default_dtype(),
         deterministic=torch.are_deterministic_algorithms_enabled(),
         cpu_autocast=_cpu_autocast_enabled(),
         function_modes=torch._C._len_torch_function_stack(),
         dispatch_modes=torch._C._len_torch_dispatch_stack(),
-        threads=torch.get_num_threads(), environ_local_rank=os.environ.get('LOCAL_RANK'))
+        threads=torch.get_num_threads(), environ_local_rank=os.environ.get('LOCAL_RANK'),
+        gc_frozen=gc.get_freeze_count())
 
 
 @pytest.fixture(autouse=True)
@@ -232,6 +234,9 @@ def run_in_process(monkeypatch, script: str, *args) -> int:
         monkeypatch.setattr(cls, '_instance_dict', OrderedDict())
     monkeypatch.setattr(sys, 'argv', [script, *map(str, args)])
     monkeypatch.setattr(sys, 'path', list(sys.path))
+    # the tools freeze what their process holds once the runner is built (gc.freeze): here it would
+    # be the test process's objects, kept from every later collection
+    frozen = gc.get_freeze_count()
     try:
         runpy.run_path(script, run_name='__main__')
     except SystemExit as e:
@@ -239,6 +244,9 @@ def run_in_process(monkeypatch, script: str, *args) -> int:
             return e.code or 0
         print(e.code, file=sys.stderr)  # as the interpreter prints sys.exit(message)
         return 1
+    finally:
+        if not frozen:
+            gc.unfreeze()
     return 0
 
 
@@ -426,7 +434,9 @@ def serve(www):
         def log_message(self, *a):
             pass
     httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # polled every 10 ms for shutdown (the default 0.5 s was most of a download test's time)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs=dict(poll_interval=0.01),
+                              daemon=True)
     thread.start()
     try:
         yield f'http://127.0.0.1:{httpd.server_address[1]}', hits, cut

@@ -1,5 +1,6 @@
 """Evaluate a checkpoint with an mmdet or mmseg config (told apart by its default_scope)."""
 import argparse
+import gc
 import os
 import sys
 
@@ -74,6 +75,7 @@ def main():
     if args.tta:
         enable_tta(cfg)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    gc.freeze()  # as tools/train.py: what exists now is never walked by a collection again
     if malloc:
         runner.logger.info(allocator_note(malloc))
     with require_complete_model():  # a backbone-only checkpoint would evaluate to mAP 0

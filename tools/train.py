@@ -1,5 +1,6 @@
 """Train a detector or segmentor (mmdet or mmseg config, told apart by its default_scope)."""
 import argparse
+import gc
 import os
 import sys
 
@@ -62,6 +63,10 @@ def main():
     precision_note = fit_precision_to_device(cfg)  # float16 recipes on a machine without a GPU
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    # what exists now (the libraries' modules, the config, the model) lives until the end: frozen,
+    # no collection walks it again (each full one walked ~10^6 objects in ~0.3 s, and so did the
+    # interpreter's exit), and forked data workers share its pages instead of copying them
+    gc.freeze()
     if malloc:
         runner.logger.info(allocator_note(malloc))
     if precision_note:

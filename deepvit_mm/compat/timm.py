@@ -60,6 +60,9 @@ class _LinspaceOnCPU(TorchFunctionMode):
 
 def create_model(name: str, **kwargs) -> nn.Module:
     """``timm.create_model(name, **kwargs)``, also under ``torch.device('meta')`` with timm 1.0.16
-    (its drop-path rates are read from a ``linspace`` made on the CPU)."""
+    (there its drop-path rates are read from a ``linspace`` made on the CPU; elsewhere no torch
+    function is intercepted, which would slow every initialisation call)."""
+    if not torch.empty(()).is_meta:
+        return timm.create_model(name, **kwargs)
     with _LinspaceOnCPU():
         return timm.create_model(name, **kwargs)

@@ -25,6 +25,7 @@ How the count is taken:
 counter on timm's own model (``forward_features``), block by block.
 """
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -47,6 +48,9 @@ _MASK_ROIS = 100
 # RoI heads' multiply-adds by (architecture, RoIs, input channels): they run for real (mmcv's
 # RoIAlign has no meta kernel), so a head counted once is not run again
 _ROI_HEAD_MACS: Dict[tuple, int] = {}
+# Backbones' counts (their ``Part`` and meta outputs) by (task, backbone config, input shape): the
+# recipes of two heads on one backbone (Semantic FPN and UperNet) count it once a process
+_BACKBONE_COUNTS: Dict[tuple, Tuple['Part', object]] = {}
 
 
 @dataclass
@@ -218,7 +222,8 @@ def _proposals(n: int, shape: Tuple[int, int]):
     return InstanceData(bboxes=boxes)
 
 
-def model_flops(model: nn.Module, task: str, shape: Tuple[int, int], label: str = '') -> FlopsReport:
+def model_flops(model: nn.Module, task: str, shape: Tuple[int, int], label: str = '',
+                backbone_key: Optional[str] = None) -> FlopsReport:
     """Count a built detector or segmentor at input ``shape`` (one image).
 
     The model is moved to the ``meta`` device (its RoI head, if any, to real CPU memory): build
@@ -231,6 +236,8 @@ def model_flops(model: nn.Module, task: str, shape: Tuple[int, int], label: str 
         task (str): ``'det'`` or ``'seg'``.
         shape (tuple[int, int]): Input height and width (after the data preprocessor's padding).
         label (str): The report's name. Default: ``''``.
+        backbone_key (str, optional): What the backbone was built from (its config): a backbone
+            counted at ``shape`` under the same key in this process is not counted again.
 
     Returns:
         FlopsReport: Parameters and multiply-adds per component.
@@ -239,11 +246,17 @@ def model_flops(model: nn.Module, task: str, shape: Tuple[int, int], label: str 
     report = FlopsReport(label=label, task=task, shape=tuple(shape))
     meta = torch.device('meta')
 
+    key = None if backbone_key is None else (task, backbone_key, tuple(shape))
+    counted = _BACKBONE_COUNTS.get(key)
+    if counted is None:
+        box = {}
+        macs = backbone_macs(model.backbone, shape, outputs=box)
+        counted = (Part(_params(model.backbone), macs[''], attention_macs(model.backbone, macs)),
+                   box['outputs'])
+        if key is not None:
+            _BACKBONE_COUNTS[key] = counted
+    report.parts['backbone'], feats = dataclasses.replace(counted[0]), counted[1]
     box = {}
-    macs = backbone_macs(model.backbone, shape, outputs=box)
-    feats = box['outputs']
-    backbone = model.backbone
-    report.parts['backbone'] = Part(_params(backbone), macs[''], attention_macs(backbone, macs))
 
     neck = getattr(model, 'neck', None)
     if neck is not None:
@@ -321,7 +334,8 @@ def config_flops(config: str, shape: Optional[Sequence[int]] = None,
     cfg = load_config(config, cfg_options)
     model, task = _build_on_meta(cfg)
     shape = tuple(shape) if shape else DEFAULT_SHAPES[task]
-    return model_flops(model, task, shape, label=osp.splitext(osp.basename(config))[0])
+    return model_flops(model, task, shape, label=osp.splitext(osp.basename(config))[0],
+                       backbone_key=repr(cfg.model.backbone.to_dict()))
 
 
 def flops_markdown(reports: Sequence[FlopsReport]) -> List[str]:

@@ -102,7 +102,7 @@ def test_metafile_weights_are_the_official_xcit_release_of_the_recipe():
 @pytest.mark.slow
 def test_metafile_params_and_flops_are_what_get_flops_counts():
     """Every entry's Parameters and FLOPs (exact) against ``config_flops`` at the tables' sizes
-    (meta device: ~2 s a recipe, most of it building the model)."""
+    (meta device, a backbone shared by two recipes counted once: ~1 s a recipe, ~30 s in all)."""
     from deepvit_tools.benchmark.flops import config_flops
     wrong = []
     for _, m in _zoo():

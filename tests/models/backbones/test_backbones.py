@@ -16,7 +16,7 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from conftest import EARLY, TIMM_FAMILY_ARCHS, family_archs, randomize_
+from conftest import EARLY, SMALL_GRID, TIMM_FAMILY_ARCHS, family_archs, randomize_
 from mmdet.registry import MODELS as MMDET_MODELS
 from mmseg.registry import MODELS as MMSEG_MODELS
 from timm.layers import DropPath, to_2tuple
@@ -405,7 +405,8 @@ SMALLEST_ARCHS = [pytest.param(name, arch, id=name) for name, arch in SMALLEST.i
 def _build(registry, family, arch, **kwargs) -> ColumnarBackbone:
     if (family, arch) in HEAVY:  # its first 4 blocks (BEiT's smallest is a base)
         kwargs.setdefault('out_indices', EARLY)
-    m = REGISTRIES[registry].build(dict(type=family, arch=arch, **kwargs))
+    m = REGISTRIES[registry].build(dict(type=family, arch=arch, **SMALL_GRID.get(family, {}),
+                                        **kwargs))
     assert isinstance(m, ColumnarBackbone)
     # non-trivial statistics, so that a frozen BatchNorm's output differs from a training one's
     for bn in m.modules():

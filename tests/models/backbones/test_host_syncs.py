@@ -5,7 +5,7 @@ import collections
 
 import pytest
 import torch
-from conftest import EARLY, family_archs
+from conftest import EARLY, SMALL_GRID, family_archs
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepvit_mm import ColumnarBackbone, TimmViT, XCiT
@@ -65,7 +65,8 @@ def _cases():
 @pytest.mark.parametrize('family,arch,pyramid,kwargs', list(_cases()))
 def test_no_host_wait_after_the_first_call(family, arch, pyramid, kwargs, device_calls):
     taps = EARLY if pyramid == 'columnar' else EARLY[-1:]
-    model = family(arch=arch, pyramid=pyramid, out_indices=taps, drop_path_rate=0.1, **kwargs)
+    model = family(arch=arch, pyramid=pyramid, out_indices=taps, drop_path_rate=0.1, **kwargs,
+                   **SMALL_GRID.get(family.__name__, {}))
     x = torch.randn(2, 3, 64, 64)
     with HostWaits() as first:  # the first call reads its input's values: the count can fail
         model.train()(x)

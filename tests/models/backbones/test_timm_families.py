@@ -7,7 +7,7 @@ parity with timm's ``forward_intermediates`` are test_backbones.py's, for every 
 import pytest
 import timm
 import torch
-from conftest import EARLY, TIMM_FAMILY_ARCHS, randomize_
+from conftest import EARLY, SMALL_GRID, TIMM_FAMILY_ARCHS, randomize_
 from mmdet.registry import MODELS as MMDET_MODELS
 from mmseg.registry import MODELS as MMSEG_MODELS
 from timm.layers import resample_abs_pos_embed
@@ -27,8 +27,9 @@ TIMM_CLASSES = {'TimmViT': ('VisionTransformer', 'VisionTransformerDistilled'),
 
 
 def _small(family, **kwargs):
-    """The family's smallest arch, its first 4 blocks."""
-    kwargs.setdefault('out_indices', EARLY)
+    """The family's smallest arch, its first 4 blocks; BEiT built for small inputs (``SMALL_GRID``)
+    where ``img_size`` is not given."""
+    kwargs = {'out_indices': EARLY, **SMALL_GRID.get(family, {}), **kwargs}
     return FAMILIES[family](SMALLEST[family], **kwargs)
 
 
@@ -181,10 +182,10 @@ def _timm_reference(family, img_size=None):
 @pytest.mark.parametrize('family', FAMILIES)
 @pytest.mark.parametrize('fmt', ['pth', 'safetensors'])
 def test_timm_checkpoint_loads_with_one_report(tmp_path, family, fmt):
-    """timm's own checkpoint of each timm family loads with one report. ~0.5-3 s (BEiT: a base
-    model)."""
+    """timm's own checkpoint of each timm family loads with one report (BEiT's, both at
+    ``SMALL_GRID``)."""
     from safetensors.torch import save_file
-    ref = _timm_reference(family)
+    ref = _timm_reference(family, **SMALL_GRID.get(family, {}))
     path = tmp_path / f'model.{fmt}'
     sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
     save_file(sd, str(path)) if fmt == 'safetensors' else torch.save(sd, str(path))

@@ -46,9 +46,10 @@ test: setup lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 tests
 	$(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests
 
-# The tests that start no tool, training or second process (markers `slow`, `distributed`).
+# The tests that start no tool, training or second process (markers `slow`, `distributed`), on
+# TEST_WORKERS processes as the whole suite (TEST_WORKERS=0: pytest's own process).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not distributed" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not distributed" tests
 
 test-avx2: setup
 	$(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests

@@ -24,6 +24,7 @@ from conftest import DEMO_DET, EARLY, build_model, config_from_text, family_arch
 import deepvit_mm.models.utils.consumers as consumers
 from deepvit_mm import CaiT, CheckConsumersHook, ColumnarBackbone, TimmViT, XCiT
 from deepvit_mm.models.utils.consumers import ChannelMismatchError, check_consumers, check_model
+from deepvit_mm.utils import meta_device
 
 # the smallest arch of each family: XCiT with the paper's taps (12 blocks of 128 channels);
 # CaiT pruned to its first blocks (conftest.EARLY), one tap per level; timm's ViT as timm's tests
@@ -269,6 +270,28 @@ def test_fewer_levels_alone_build_with_the_papers_taps(family, arch, strides):
     outs = model(torch.randn(1, 3, 64, 96))
     assert [tuple(o.shape) for o in outs] == \
         [(1, levels.channels[0], 64 // s, 96 // s) for s in strides]
+
+
+@pytest.mark.parametrize('family', list(FAMILIES))
+@pytest.mark.parametrize('pyramid', ['columnar', 'simple'])
+def test_feature_levels_are_what_the_backbone_built_feeds(family, pyramid):
+    """``feature_levels`` with a pyramid's arguments against the backbone built with them: its
+    taps, channels and strides, and the maps its forward returns (built on the meta device)."""
+    fam = FAMILIES[family]
+    arch = family_archs(fam)[0]
+    for strides in [(4, 8, 16, 32), (8, 16, 32)]:
+        levels = fam.feature_levels(arch, strides, pyramid=pyramid)
+        with meta_device():
+            model = fam(arch, out_strides=strides, pyramid=pyramid).eval()
+            outs = model(torch.empty(1, 3, 224, 224))  # BEiT's own size (it pads to it)
+        assert (model.out_indices, list(model.out_channels), model.out_strides) == \
+            (levels.out_indices, levels.channels, levels.strides)
+        assert [tuple(o.shape) for o in outs] == [(1, c, 224 // s, 224 // s) for c, s in zip(
+            levels.channels, levels.strides)]
+    depth = fam.arch_zoo[arch].depth
+    assert (levels.out_indices == (depth - 1,)) == (pyramid == 'simple')
+    with pytest.raises(ValueError, match="pyramid='vitdet' must be 'columnar'"):
+        fam.feature_levels(arch, pyramid='vitdet')
 
 
 @pytest.mark.parametrize('strides', [(8, 16, 64), (32, 16, 8), (8, 8)], ids=str)

@@ -46,7 +46,8 @@ class FeatureLevels(NamedTuple):
     Attributes:
         channels (list[int]): Channels of each level (a neck's or head's ``in_channels``).
         strides (tuple[int]): Stride of each level.
-        out_indices (tuple[int]): The 0-based trunk block tapped for each level.
+        out_indices (tuple[int]): The 0-based trunk blocks tapped: one per level (the columnar
+            pyramid), or the one every level is rescaled from (the simple pyramid).
     """
     channels: List[int]
     strides: Tuple[int, ...]
@@ -197,18 +198,13 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         # is not a power of two (14) the next one, the taps resampled to it (``_forward_taps``)
         self.tap_stride = spec.get('tap_stride', spec.patch_size)
         self.embed_dim = spec.embed_dim
-        if pyramid not in ('columnar', 'simple'):
-            raise ValueError(f"{type(self).__name__}: pyramid={pyramid!r} must be 'columnar' (one "
-                             "tap per level, the XCiT paper's) or 'simple' (ViTDet's: every level "
-                             'from one tap, the last block by default).')
-        self.pyramid = pyramid
+        self.pyramid = self._check_pyramid(pyramid)
         # what forward checked that reads the device (checks.py): the values of its first input,
         # and per device the largest need of memory found free
         self._values_checked = False
         self._memory_checked: Dict[str, int] = {}
-        if out_indices is None:  # the paper's taps of the strides asked for
-            out_indices = (spec.depth - 1,) if pyramid == 'simple' else \
-                self.default_out_indices(self.arch, out_strides)
+        if out_indices is None:
+            out_indices = self.default_out_indices(self.arch, out_strides, pyramid)
         self.out_indices = check_out_indices(
             type(self).__name__, self.arch, out_indices, spec.depth,
             (spec.depth - 1,) if pyramid == 'simple' else spec.out_indices,
@@ -276,21 +272,35 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
 
     # ----------------------------------------------------------------- what a neck or head reads
     @classmethod
-    def default_out_indices(cls, arch: str,
-                            out_strides: Sequence[int] = (4, 8, 16, 32)) -> Tuple[int, ...]:
-        """The paper's taps of ``out_strides`` (increasing, out of 4/8/16/32), e.g.
-        ``XCiT.default_out_indices('small_12_p16', (8, 16, 32)) == (5, 7, 11)``."""
+    def _check_pyramid(cls, pyramid: str) -> str:
+        if pyramid not in ('columnar', 'simple'):
+            raise ValueError(f"{cls.__name__}: pyramid={pyramid!r} must be 'columnar' (one "
+                             "tap per level, the XCiT paper's) or 'simple' (ViTDet's: every level "
+                             'from one tap, the last block by default).')
+        return pyramid
+
+    @classmethod
+    def default_out_indices(cls, arch: str, out_strides: Sequence[int] = (4, 8, 16, 32),
+                            pyramid: str = 'columnar') -> Tuple[int, ...]:
+        """The taps a backbone of ``pyramid`` takes by default: the columnar pyramid's are the
+        paper's taps of ``out_strides`` (increasing, out of 4/8/16/32), e.g.
+        ``XCiT.default_out_indices('small_12_p16', (8, 16, 32)) == (5, 7, 11)``; the simple
+        pyramid's, the last block (``(11,)``)."""
         arch = cls.resolve_arch(arch)
+        if cls._check_pyramid(pyramid) == 'simple':
+            return (cls.arch_zoo[arch].depth - 1,)
         return paper_taps(f'{cls.__name__}({arch})', cls.arch_zoo[arch].out_indices, out_strides)
 
     @classmethod
     def feature_levels(cls, arch: str, out_strides: Sequence[int] = (4, 8, 16, 32),
-                       out_indices: Optional[Sequence[int]] = None) -> FeatureLevels:
+                       out_indices: Optional[Sequence[int]] = None,
+                       pyramid: str = 'columnar') -> FeatureLevels:
         """What the backbone built with these arguments feeds a neck or head, per level:
-        ``channels`` (a neck's ``in_channels``), ``strides``, ``out_indices``; e.g.
+        ``channels`` (a neck's ``in_channels``), ``strides``, and the blocks it taps
+        (``out_indices``: one per level, or the simple pyramid's one); e.g.
         ``XCiT.feature_levels('small_12_p8').channels == [384, 384, 384, 384]``."""
         arch = cls.resolve_arch(arch)
-        taps = cls.default_out_indices(arch, out_strides) if out_indices is None \
+        taps = cls.default_out_indices(arch, out_strides, pyramid) if out_indices is None \
             else tuple(out_indices)
         return FeatureLevels(channels=[cls.arch_zoo[arch].embed_dim] * len(out_strides),
                              strides=tuple(out_strides), out_indices=taps)

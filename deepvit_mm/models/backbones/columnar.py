@@ -12,6 +12,7 @@ from typing import (
     Callable,
     ClassVar,
     Dict,
+    Iterable,
     Iterator,
     List,
     Mapping,
@@ -337,9 +338,25 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         return self.checkpoint_filter(dict(state_dict), self.trunk)
 
     @classmethod
-    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
-        """The ``arch_zoo`` name a converted state dict was trained as, if recognisable."""
+    def state_dict_traits(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[Dict[str, int]]:
+        """The ``ArchSpec`` fields that tell this family's archs apart (``embed_dim``, ``depth``,
+        ...), as a converted state dict (trunk keys) shows them; None if it is not this family's."""
         return None
+
+    @classmethod
+    def _named_archs(cls) -> Iterable[str]:
+        """The archs ``arch_from_state_dict`` looks among: every arch of ``arch_zoo``."""
+        return cls.arch_zoo
+
+    @classmethod
+    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
+        """The arch a converted state dict was trained as: the first of ``_named_archs`` with its
+        ``state_dict_traits``; None if it is not this family's or no arch has them."""
+        traits = cls.state_dict_traits(state_dict)
+        if traits is None:
+            return None
+        return next((name for name in cls._named_archs()
+                     if all(cls.arch_zoo[name][k] == v for k, v in traits.items())), None)
 
     def _apply_fast_path(self, mode: Union[bool, str]) -> None:
         """Make the trunk run as the family's switch (``fast_path_name``) says."""

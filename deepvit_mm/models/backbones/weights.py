@@ -70,9 +70,15 @@ class ColumnarWeights:
     def describe_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> str:
         """What ``state_dict`` (trunk keys) looks like, for a refusal's message."""
         for fam in self.families:
+            traits = fam.state_dict_traits(state_dict)
+            if traits is None:
+                continue
             arch = fam.arch_from_state_dict(state_dict)
-            if arch:
+            if arch is not None:
                 return f'It looks like a checkpoint of {fam.__name__}(arch={arch!r})'
+            found = ', '.join(f'{k}={v}' for k, v in traits.items())
+            return (f'It looks like a checkpoint of {fam.__name__} ({found}), of none of the archs '
+                    f'deepvit_mm names')
         names = ', '.join(fam.__name__ for fam in self.families)
         return f'It is not a checkpoint of a model deepvit_mm knows ({names})'
 

@@ -326,13 +326,9 @@ class CaiT(ColumnarBackbone):
 
     # ----------------------------------------------------------------- weights
     @classmethod
-    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
+    def state_dict_traits(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[Dict[str, int]]:
         if 'trunk.blocks.0.attn.proj_l.weight' not in state_dict \
                 or 'trunk.blocks.0.gamma_1' not in state_dict:
             return None
-        dim = state_dict['trunk.blocks.0.gamma_1'].shape[0]
-        depth = count_blocks(state_dict)
-        for name, spec in cls.arch_zoo.items():
-            if (spec.embed_dim, spec.depth) == (dim, depth):
-                return name
-        return f'unknown CaiT (embed_dim={dim}, depth={depth})'
+        return dict(embed_dim=state_dict['trunk.blocks.0.gamma_1'].shape[0],
+                    depth=count_blocks(state_dict))

@@ -31,7 +31,7 @@ What differs between the families, and why it is written here:
 import contextlib
 import functools
 import math
-from typing import ClassVar, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import ClassVar, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import timm
 import torch
@@ -194,16 +194,16 @@ class TimmColumnar(ColumnarBackbone):
         pass
 
     @classmethod
-    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
+    def state_dict_traits(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[Dict[str, int]]:
         if not cls._looks_like(state_dict):
             return None
-        dim = state_dict['trunk.blocks.0.norm1.weight'].shape[0]
-        depth = count_blocks(state_dict)
-        for name in cls.examples:
-            spec = cls.arch_zoo[name]
-            if (spec.embed_dim, spec.depth) == (dim, depth):
-                return name
-        return f'a timm model of embed_dim={dim}, depth={depth}'
+        return dict(embed_dim=state_dict['trunk.blocks.0.norm1.weight'].shape[0],
+                    depth=count_blocks(state_dict))
+
+    @classmethod
+    def _named_archs(cls) -> Iterable[str]:
+        # the family's examples: each name of timm's modules read would build a model (on meta)
+        return cls.examples
 
     @staticmethod
     def _looks_like(state_dict: Mapping[str, torch.Tensor]) -> bool:
@@ -319,8 +319,10 @@ class TimmViT(TimmColumnar):
 
     @staticmethod
     def _looks_like(state_dict: Mapping[str, torch.Tensor]) -> bool:
+        # EVA-02 and BEiT keep the query and value biases apart (attn.q_bias); CaiT mixes heads
         return 'trunk.blocks.0.attn.qkv.weight' in state_dict and 'trunk.pos_embed' in state_dict \
-            and 'trunk.blocks.0.attn.proj_l.weight' not in state_dict
+            and 'trunk.blocks.0.attn.proj_l.weight' not in state_dict \
+            and 'trunk.blocks.0.attn.q_bias' not in state_dict
 
 
 @register_model
@@ -349,8 +351,12 @@ class TimmEVA(TimmColumnar):
 
     @staticmethod
     def _looks_like(state_dict: Mapping[str, torch.Tensor]) -> bool:
-        return any(k.startswith('trunk.blocks.0.attn.q_proj.') for k in state_dict) \
-            and 'trunk.blocks.0.norm1.weight' in state_dict
+        # separate projections, or a fused one with the query and value biases apart (as BEiT,
+        # which has relative position bias tables besides)
+        apart = any(k.startswith('trunk.blocks.0.attn.q_proj.') for k in state_dict) \
+            or 'trunk.blocks.0.attn.q_bias' in state_dict
+        return apart and 'trunk.blocks.0.norm1.weight' in state_dict \
+            and not any('relative_position_bias_table' in k for k in state_dict)
 
 
 @register_model

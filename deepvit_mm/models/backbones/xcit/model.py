@@ -144,18 +144,14 @@ class XCiT(ColumnarBackbone):
             x, indices=list(self.out_indices), output_fmt='NCHW', intermediates_only=True)
 
     @classmethod
-    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
+    def state_dict_traits(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[Dict[str, int]]:
         if 'trunk.blocks.0.local_mp.conv1.weight' not in state_dict:
             return None
-        dim = state_dict['trunk.blocks.0.gamma1'].shape[0]
-        depth = count_blocks(state_dict)
+        # the conv stem: 3 stride-2 convolutions for 8-pixel patches, 4 for 16-pixel ones
         n_convs = sum(1 for k in state_dict
                       if k.startswith('trunk.patch_embed.proj.') and k.endswith('.0.weight'))
-        patch = {3: 8, 4: 16}.get(n_convs)
-        for name, spec in cls.arch_zoo.items():
-            if (spec.embed_dim, spec.depth, spec.patch_size) == (dim, depth, patch):
-                return name
-        return f'unknown XCiT (embed_dim={dim}, depth={depth}, patch={patch})'
+        return dict(embed_dim=state_dict['trunk.blocks.0.gamma1'].shape[0],
+                    depth=count_blocks(state_dict), patch_size=2 ** n_convs)
 
     def describe_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> str:
         desc = super().describe_state_dict(state_dict)

@@ -13,7 +13,7 @@ on (``roi_feats[inds] = roi_align(...)`` writes into a tensor of the feature map
 runs in float32 with autocast off and gives back what a half-precision kernel would: outputs in
 the dtype of its first floating-point input; its backward gets float32 gradients (autograd casts
 the returned input gradients back to the inputs' dtypes). With CPU autocast off (GPU or float32
-runs) the wrapped functions behave exactly as before.
+runs) the wrapped functions are mmcv's, unchanged.
 """
 import functools
 import inspect

@@ -183,8 +183,8 @@ def _cpu_strategy(cfg: Config) -> None:
         if wrapper.get('type', 'MMFullyShardedDataParallel') == 'MMFullyShardedDataParallel':
             wrapper['type'] = 'CPUFullyShardedDataParallel'
         if strategy.get('state_dict_cfg') == 'full':
-            # mmengine's 'full' gathers with offload_to_cpu=True, which segfaults on CPU processes
-            # (torch 2.13, gloo); the shards are in CPU memory already
+            # mmengine's 'full' gathers with offload_to_cpu=True, which segfaults in CPU processes
+            # on gloo; the shards are in CPU memory already
             strategy['state_dict_cfg'] = dict(
                 state_dict_type='FULL_STATE_DICT',
                 state_dict_config=dict(type='FullStateDictConfig', rank0_only=True,

@@ -56,8 +56,8 @@ class FeatureLevels(NamedTuple):
 
 
 def paper_taps(name: str, taps: Sequence[int], out_strides: Sequence[int]) -> Tuple[int, ...]:
-    """The paper's taps for ``out_strides``: all four for four levels (whatever their strides,
-    as before there was a choice), else the tap of each stride.
+    """The paper's taps for ``out_strides``: all four for four levels, whatever their strides
+    (the paper's adapter has four), else the tap of each stride.
 
     Args:
         name (str): The backbone, for messages (``XCiT(nano_12_p16)``).

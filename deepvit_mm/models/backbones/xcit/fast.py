@@ -322,7 +322,7 @@ def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
                 torch.addcmul(out[g, s], blk.gamma3, z[g, s], out=out[g, s])
                 # a view of `out` itself, not of the op's return value: under torch.compile that
                 # value takes z's layout (inductor's convolutions may return z token-strided),
-                # which no view flattens (H100, torch 2.11: "Cannot view a tensor ... as (N, C)")
+                # which no view flattens ("Cannot view a tensor ... as (N, C)")
                 r = out[g, s].view(-1, C)
                 if whole:  # consumed: freed before the MLP's 4C-wide hidden layer
                     del z

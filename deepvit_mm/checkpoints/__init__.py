@@ -8,6 +8,7 @@ One module per job, each depending only on those above it:
 ``integrity``          zip CRC-32 and safetensors structure checks, SHA-256
 ``fetch``              local paths, ``http(s)://`` URLs (verified, cached), ``hf-hub:`` names
 ``stored_config``      config text mmengine stores in checkpoints and would evaluate
+``unpickling``         ``torch.load`` admitting an allowlist only; what a failed load met
 ``reading``            ``read_checkpoint``: verified, then unpickled with an allowlist only
 ``matching``           ``load_weights``: one matcher for every loading path, one report
 ``mmengine_hooks``     mmengine's reader and ``load_state_dict`` routed here; ``--resume`` lookup

@@ -1,7 +1,7 @@
 """Reading a checkpoint file without running anything in it, and refusing damaged ones.
 
 ``.pth``/``.pt``/``.bin`` files (torch zip or legacy pickle) are read through
-``compat.torch.load_weights_only``: nothing but tensors, plain containers and ``safe_globals()``
+``unpickling.load_weights_only``: nothing but tensors, plain containers and ``safe_globals()``
 is admitted, on every supported torch. A torch zip file is first checked record by record against
 its CRC-32 (``integrity.zip_problem``), so a corrupted file is refused before any weight reaches a
 model. ``.safetensors`` files are read by safetensors after a check of their header. Config text
@@ -16,12 +16,12 @@ import torch
 
 from ..compat.mmengine import history_buffer_statistics
 from ..compat.numpy import pickled_array_globals
-from ..compat.torch import classify_load_error, load_weights_only
 from .errors import SHARDED_HINT, CheckpointError
 from .fetch import resolve_checkpoint
 from .integrity import is_safetensors, is_zip, structure_problem, zip_problem
 from .stored_config import neutralise_config_text
 from .trust import is_trusted, trust_hint
+from .unpickling import classify_load_error, load_weights_only
 
 __all__ = ['safe_globals', 'read_checkpoint', 'is_readable_checkpoint']
 

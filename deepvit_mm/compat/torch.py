@@ -11,20 +11,6 @@ in between has the API and fails (``deepvit_mm.version.FEATURE_FLOORS``).
 * ``autocast_enabled`` / ``autocast_dtype``: ``torch.is_autocast_enabled(device_type)`` and
   ``torch.get_autocast_dtype`` (2.4+); torch 2.1 has the CUDA-only argument-less forms and
   ``is_autocast_cpu_enabled`` / ``get_autocast_cpu_dtype``.
-* ``load_weights_only``: ``torch.load`` that admits only tensors, plain containers and an
-  allowlist. torch >= 2.6: torch's own ``weights_only=True`` with ``serialization.safe_globals``;
-  older torch cannot extend its allowlist (no ``safe_globals``, and ``add_safe_globals`` would
-  change the whole process), so the file is read through ``RestrictedUnpickler``, which resolves
-  a global only if it is on the same allowlist (Python's documented way to restrict unpickling).
-  Neither runs code from the file.
-* ``classify_load_error``: what a failed ``torch.load`` / ``load_weights_only`` met. torch raises
-  ``pickle.UnpicklingError`` both for a global it refuses and for a truncated pickle, and
-  ``RuntimeError`` for a damaged zip archive, so the kind is read from the messages of torch
-  2.1.0 and 2.13.0 (their texts are in the function).
-* ``profiler_event_start_ns``: kineto events have ``start_ns`` from 2.2 on, ``start_us`` before.
-* ``flop_counter``: ``FlopCounterMode`` attributes counts to the modules it sees run where it has
-  ``ModuleTracker`` (newer torch); torch 2.1 only to modules it is given, through hooks that break
-  tuple inputs, so plain forward hooks do it there.
 * ``cpu_grad_scaler`` / ``cpu_float16_training_problem``: float16 training on CPU needs
   ``torch.amp.GradScaler('cpu')`` (2.3+) and float16 CPU autocast; torch 2.1 has neither (its CPU
   autocast turns itself off for float16), so there float16 is refused with what to do.
@@ -32,8 +18,6 @@ in between has the API and fails (``deepvit_mm.version.FEATURE_FLOORS``).
   2.13 has it: by version (``version.FEATURE_FLOORS``), as torch 2.5.1 has the API but fails.
 * ``cpu_fsdp_problem``: FullyShardedDataParallel on CPU processes (gloo) runs on torch 2.13 and
   fails on 2.1 (by version, ``version.FEATURE_FLOORS``).
-* ``fsdp_original_ndims``: the dimensions of the parameters FSDP flattened, from its private
-  ``FlatParameter._params`` / ``_shapes``.
 * ``NORM_LAYERS``: the normalisation layer types, with ``nn.RMSNorm`` where it exists (2.4+);
   ``BatchNormBase``, ``ConvBase``: the base classes of batch norms and convolutions (private
   names in torch).
@@ -41,8 +25,6 @@ in between has the API and fails (``deepvit_mm.version.FEATURE_FLOORS``).
   a float additive mask (timm's BEiT passes its relative position bias so): torch 2.13 casts
   them, torch 2.1 refuses ("Expected attn_mask dtype to be bool or to match query dtype"). Probed
   once on two tiny CPU tensors.
-* ``add_bias``: ``y + bias`` whose bias gradient is summed in float32 (torch 2.1's CPU bfloat16
-  autocast sums it in bfloat16).
 
 Private torch APIs, each with the reason it is used and the releases it was tested on (2.1.0,
 2.13.0):
@@ -50,15 +32,9 @@ Private torch APIs, each with the reason it is used and the releases it was test
 * ``in_backward``: ``torch._C._current_graph_task_id``, as ``torch.utils.checkpoint`` uses it.
 * ``cpu_has_bfloat16``: ``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``
   (torch 2.4+; torch 2.1: the CPU's flags in ``/proc/cpuinfo``).
-* ``load_weights_only`` reads torch's own allowlist (``torch._weights_only_unpickler``) on torch
-  before 2.6.
 """
-import _compat_pickle
 import functools
-import pickle
-import re
-import types
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -69,12 +45,9 @@ from ..version import FEATURE_FLOORS, release
 
 __all__ = [
     'TORCH_VERSION', 'is_compiling', 'is_exporting', 'autocast_enabled', 'autocast_dtype',
-    'load_weights_only', 'classify_load_error', 'RestrictedUnpickler', 'profiler_event_start_ns',
-    'flop_counter',
     'cpu_grad_scaler', 'cpu_float16_training_problem', 'onnx_dynamo_export_problem',
-    'cpu_fsdp_problem', 'fsdp_original_ndims',
-    'NORM_LAYERS', 'BatchNormBase', 'ConvBase', 'add_bias', 'in_backward', 'cpu_has_bfloat16',
-    'sdpa_takes_float_masks_under_autocast'
+    'cpu_fsdp_problem', 'NORM_LAYERS', 'BatchNormBase', 'ConvBase', 'in_backward',
+    'cpu_has_bfloat16', 'sdpa_takes_float_masks_under_autocast'
 ]
 
 
@@ -130,144 +103,6 @@ def autocast_dtype(device_type: str) -> torch.dtype:
     if device_type == 'cpu':
         return torch.get_autocast_cpu_dtype()
     return torch.get_autocast_gpu_dtype()
-
-
-# --------------------------------------------------------------------------------------------
-# torch.load restricted to an allowlist
-# --------------------------------------------------------------------------------------------
-AllowedGlobal = Union[Callable, type, Tuple[Callable, str]]
-
-
-def _qualified(obj: Any) -> str:
-    return f'{obj.__module__}.{obj.__qualname__}'
-
-
-def _torch_allowed_globals() -> Dict[str, Any]:
-    """What torch's own ``weights_only`` unpickler admits (tensors, storages, OrderedDict, ...),
-    with the plain data that torch 2.13's list admits and older lists lack: bytes of numpy arrays
-    pickled at protocol 2 (``_codecs.encode``), sets, complex numbers, devices, every dtype."""
-    import _codecs
-    import collections
-
-    from torch import _weights_only_unpickler as wou
-    table = dict(wou._get_allowed_globals())
-    table.update({'_codecs.encode': _codecs.encode, 'builtins.set': set,
-                  'builtins.bytearray': bytearray, 'builtins.complex': complex,
-                  'collections.Counter': collections.Counter, 'torch.device': torch.device})
-    table.update({f'torch.{n}': getattr(torch, n) for n in dir(torch)
-                  if isinstance(getattr(torch, n), (torch.dtype, torch.qscheme))})
-    return table
-
-
-class RestrictedUnpickler(pickle.Unpickler):
-    """A ``pickle.Unpickler`` that resolves only allowlisted globals: torch's own
-    ``weights_only`` allowlist plus ``allowed``. Every way a pickle names a callable (``GLOBAL``,
-    ``STACK_GLOBAL``, ``INST``, ``OBJ``, extension codes) goes through ``find_class``, so a file can
-    call nothing else. ``torch.load`` subclasses it (``pickle_module=``) and serves storages
-    itself."""
-
-    allowed: Dict[str, Any] = {}
-
-    def find_class(self, module: str, name: str) -> Any:
-        # protocol 0-2 pickles name Python 2 modules (__builtin__.set): the names Python maps
-        if (module, name) in _compat_pickle.NAME_MAPPING:
-            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
-        key = f'{module}.{name}'
-        if key in self.allowed:
-            return self.allowed[key]
-        raise pickle.UnpicklingError(
-            f'Weights only load failed: Unsupported global: GLOBAL {key} is not an allowed global')
-
-
-def _restricted_pickle_module(allowed: Iterable[AllowedGlobal]) -> types.ModuleType:
-    table = _torch_allowed_globals()
-    for entry in allowed:
-        fn, name = entry if isinstance(entry, tuple) else (entry, _qualified(entry))
-        table[name] = fn
-    unpickler = type('RestrictedUnpickler', (RestrictedUnpickler,), {'allowed': table})
-    module = types.ModuleType('deepvit_mm_restricted_pickle')
-    module.Unpickler = unpickler
-    module.load = lambda f, **kw: unpickler(f, **kw).load()
-    return module
-
-
-def load_weights_only(path: str, map_location: Any, allowed: Iterable[AllowedGlobal]) -> Any:
-    """``torch.load(path)`` admitting only tensors, plain containers and ``allowed`` (classes and
-    functions, or ``(function, 'module.name')`` pairs standing in for the named global).
-
-    Raises:
-        pickle.UnpicklingError: The file holds another global; the message contains
-            ``Unsupported global: GLOBAL <module.name>``, as torch's own refusal does.
-    """
-    allowed = list(allowed)
-    if TORCH_VERSION >= (2, 6):
-        with torch.serialization.safe_globals(allowed):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    return torch.load(path, map_location=map_location, weights_only=False,
-                      pickle_module=_restricted_pickle_module(allowed))
-
-
-
-def classify_load_error(e: BaseException) -> Tuple[str, List[str]]:
-    """``('unsafe', globals)``: the file holds globals that are refused (their names);
-    ``('corrupt', [])``: it is truncated or not a readable archive; ``('other', [])``.
-
-    The messages, torch 2.1.0 and 2.13.0: ``Weights only load failed ... Unsupported global:
-    GLOBAL a.b`` (2.13; ``RestrictedUnpickler`` says the same on 2.1), ``Unsupported global:
-    a.b`` in newer torch's explanation; ``PytorchStreamReader failed reading zip archive: failed
-    finding central directory``, ``... failed reading file ...``, ``pickle data was truncated``,
-    ``Ran out of input`` (``EOFError``), ``unexpected EOF``.
-    """
-    import zipfile
-    msg = str(e)
-    if isinstance(e, pickle.UnpicklingError) and (
-            'Unsupported global' in msg or 'Weights only load failed' in msg):
-        return 'unsafe', re.findall(r'GLOBAL ([\w.]+)', msg) or re.findall(r'global: ([\w.]+)', msg)
-    low = msg.lower()
-    if isinstance(e, (EOFError, zipfile.BadZipFile)) or 'zip' in low or 'truncated' in low \
-            or 'unexpected eof' in low or 'failed finding central directory' in msg:
-        return 'corrupt', []
-    return 'other', []
-
-def profiler_event_start_ns(event: Any) -> int:
-    """Start time (ns) of a kineto event of ``torch.profiler``."""
-    if hasattr(event, 'start_ns'):
-        return event.start_ns()
-    return event.start_us() * 1000  # torch < 2.2
-
-
-def flop_counter(root: torch.nn.Module) -> Any:
-    """A ``torch.utils.flop_counter.FlopCounterMode`` (no display) that keys counts by module
-    path under ``root``'s class name (``XCiT.trunk.blocks.0``), for a forward without autograd.
-
-    torch 2.1's own module tracking (``mods=``) wraps each module's inputs in an autograd function
-    that flattens them, which breaks modules taking a tuple of maps (mmdet's FPN): there plain
-    forward hooks push and pop the counter's module stack instead.
-    """
-    from torch.utils import flop_counter as fc
-    if hasattr(fc, 'ModuleTracker'):
-        return fc.FlopCounterMode(display=False)
-
-    class HookedFlopCounter(fc.FlopCounterMode):
-        def __enter__(self):
-            self._handles = []
-            base = type(root).__name__
-            for name, module in root.named_modules():
-                path = f'{base}.{name}' if name else base
-                self._handles += [
-                    module.register_forward_pre_hook(lambda m, a, p=path: self.parents.append(p)),
-                    module.register_forward_hook(lambda m, a, o, p=path: self._leave(p))]
-            return super().__enter__()
-
-        def _leave(self, path: str) -> None:
-            del self.parents[len(self.parents) - 1 - self.parents[::-1].index(path)]
-
-        def __exit__(self, *args):
-            for handle in self._handles:
-                handle.remove()
-            return super().__exit__(*args)
-    return HookedFlopCounter(display=False)
 
 
 def cpu_float16_training_problem() -> Optional[str]:
@@ -328,20 +163,6 @@ def cpu_fsdp_problem() -> Optional[str]:
             f'with torch >= {lowest}; on GPUs FSDP is mmengine\'s own.')
 
 
-def fsdp_original_ndims(model: torch.nn.Module) -> Dict[int, int]:
-    """``id(parameter) -> its number of dimensions`` for the parameters that FSDP (with
-    ``use_orig_params=True``) turned into 1-d views of this process's shard: its ``FlatParameter``
-    keeps the original parameters and their shapes (private attributes). Empty for a model
-    without FSDP units."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-    out = {}
-    for m in model.modules():
-        flat = m._flat_param if isinstance(m, FullyShardedDataParallel) else None
-        if flat is not None and flat._params is not None:
-            out.update((id(p), len(shape)) for p, shape in zip(flat._params, flat._shapes))
-    return out
-
-
 # --------------------------------------------------------------------------------------------
 # layers
 # --------------------------------------------------------------------------------------------
@@ -354,25 +175,6 @@ ConvBase = _ConvNd
 #: every normalisation layer type of this torch (``nn.RMSNorm``: torch >= 2.4)
 NORM_LAYERS: Tuple[type, ...] = (_NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm) + (
     (nn.RMSNorm,) if hasattr(nn, 'RMSNorm') else ())
-
-
-class _BiasAdd(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        ctx.bias_dtype = bias.dtype
-        return y + bias.to(y.dtype).view(1, -1, 1)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        return grad, grad.sum((0, 2), dtype=torch.float32).to(ctx.bias_dtype)
-
-
-def add_bias(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``y + bias`` for ``y`` of shape ``(B, C, N)``, the bias's gradient summed in float32 as
-    PyTorch's convolution kernels sum it. A plain broadcast add leaves that sum to ``sum_to_size``
-    in the gradient's dtype, which under CPU bf16 autocast on torch 2.1 accumulates in bf16
-    (docs/training.md#mixed-precision)."""
-    return _BiasAdd.apply(y, bias)
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,12 +27,10 @@ counter on timm's own model (``forward_features``), block by block.
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-
-from deepvit_mm.compat.torch import flop_counter
 
 from .models import load_config
 from .report import fmt, markdown_table, size_str
@@ -51,6 +49,39 @@ _ROI_HEAD_MACS: Dict[tuple, int] = {}
 # Backbones' counts (their ``Part`` and meta outputs) by (task, backbone config, input shape): the
 # recipes of two heads on one backbone (Semantic FPN and UperNet) count it once a process
 _BACKBONE_COUNTS: Dict[tuple, Tuple['Part', object]] = {}
+
+
+def flop_counter(root: torch.nn.Module) -> Any:
+    """A ``torch.utils.flop_counter.FlopCounterMode`` (no display) that keys counts by module
+    path under ``root``'s class name (``XCiT.trunk.blocks.0``), for a forward without autograd.
+
+    torch 2.1's own module tracking (``mods=``) wraps each module's inputs in an autograd function
+    that flattens them, which breaks modules taking a tuple of maps (mmdet's FPN): there plain
+    forward hooks push and pop the counter's module stack instead.
+    """
+    from torch.utils import flop_counter as fc
+    if hasattr(fc, 'ModuleTracker'):
+        return fc.FlopCounterMode(display=False)
+
+    class HookedFlopCounter(fc.FlopCounterMode):
+        def __enter__(self):
+            self._handles = []
+            base = type(root).__name__
+            for name, module in root.named_modules():
+                path = f'{base}.{name}' if name else base
+                self._handles += [
+                    module.register_forward_pre_hook(lambda m, a, p=path: self.parents.append(p)),
+                    module.register_forward_hook(lambda m, a, o, p=path: self._leave(p))]
+            return super().__enter__()
+
+        def _leave(self, path: str) -> None:
+            del self.parents[len(self.parents) - 1 - self.parents[::-1].index(path)]
+
+        def __exit__(self, *args):
+            for handle in self._handles:
+                handle.remove()
+            return super().__exit__(*args)
+    return HookedFlopCounter(display=False)
 
 
 @dataclass

@@ -39,12 +39,26 @@ from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_CONSTRUCTORS
 
 from ...compat.timm import declared_no_weight_decay
-from ...compat.torch import NORM_LAYERS, fsdp_original_ndims
+from ...compat.torch import NORM_LAYERS
 from ...models.backbones.columnar import ColumnarBackbone
 from ...registry import family_registries
 
 __all__ = ['ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
            'no_weight_decay_names', 'layer_ids']
+
+
+def fsdp_original_ndims(model: nn.Module) -> Dict[int, int]:
+    """``id(parameter) -> its number of dimensions`` for the parameters that FSDP (with
+    ``use_orig_params=True``) turned into 1-d views of this process's shard: its ``FlatParameter``
+    keeps the original parameters and their shapes (private attributes). Empty for a model
+    without FSDP units."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    out = {}
+    for m in model.modules():
+        flat = m._flat_param if isinstance(m, FullyShardedDataParallel) else None
+        if flat is not None and flat._params is not None:
+            out.update((id(p), len(shape)) for p, shape in zip(flat._params, flat._shapes))
+    return out
 
 
 def no_weight_decay_names(model: nn.Module, biases: bool = True,
@@ -57,7 +71,7 @@ def no_weight_decay_names(model: nn.Module, biases: bool = True,
             bias is included only if another rule (a norm layer, a declaration) names it.
             Default: True.
         sharded_ndims (dict[int, int], optional): ``id(parameter) -> ndim`` of the parameters
-            FSDP flattened (``compat.torch.fsdp_original_ndims`` of the wrapped model), whose own
+            FSDP flattened (``fsdp_original_ndims`` of the wrapped model), whose own
             ``ndim`` is their shard's. Default: None.
 
     Returns:
@@ -78,7 +92,7 @@ def no_weight_decay_names(model: nn.Module, biases: bool = True,
 
 
 class _ShardAware:
-    """Keeps the FSDP-flattened parameters' own dimensions (``compat.torch.fsdp_original_ndims``)
+    """Keeps the FSDP-flattened parameters' own dimensions (``fsdp_original_ndims``)
     of the model as mmengine hands it over, before mmengine's ``__call__`` unwraps it to its
     ``.module`` (which no longer holds FSDP's root unit)."""
 

@@ -24,13 +24,31 @@ import torch.nn.functional as F
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmengine.model import BaseModule
 
-from ...compat.torch import add_bias
 from ...tracing import capturing_for_other_sizes
 
 __all__ = ['ColumnarPyramid', 'ConvTranspose2x2', 'PAPER_STRIDES']
 
 #: the strides of the four taps the papers use (XCiT appendix B.2), finest first
 PAPER_STRIDES = (4, 8, 16, 32)
+
+
+class _BiasAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.bias_dtype = bias.dtype
+        return y + bias.to(y.dtype).view(1, -1, 1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return grad, grad.sum((0, 2), dtype=torch.float32).to(ctx.bias_dtype)
+
+
+def add_bias(y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``y + bias`` for ``y`` of shape ``(B, C, N)``, the bias's gradient summed in float32 as
+    PyTorch's convolution kernels sum it. A plain broadcast add leaves that sum to ``sum_to_size``
+    in the gradient's dtype, which under CPU bf16 autocast on torch 2.1 accumulates in bf16
+    (docs/training.md#mixed-precision)."""
+    return _BiasAdd.apply(y, bias)
 
 
 class ConvTranspose2x2(nn.ConvTranspose2d):

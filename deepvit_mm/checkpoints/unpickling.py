@@ -97,7 +97,6 @@ def load_weights_only(path: str, map_location: Any, allowed: Iterable[AllowedGlo
                       pickle_module=_restricted_pickle_module(allowed))
 
 
-
 def classify_load_error(e: BaseException) -> Tuple[str, List[str]]:
     """``('unsafe', globals)``: the file holds globals that are refused (their names);
     ``('corrupt', [])``: it is truncated or not a readable archive; ``('other', [])``.

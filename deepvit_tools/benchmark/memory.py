@@ -21,18 +21,17 @@ from typing import Any, Callable, Tuple
 
 import torch
 
+__all__ = ['MiB', 'synchronize', 'current_rss', 'reset_peak_rss', 'peak_rss', 'peak_memory', 'tensor_peak',
+           'limit_address_space']
+
+MiB = 1024 * 1024
+
 
 def profiler_event_start_ns(event: Any) -> int:
     """Start time (ns) of a kineto event of ``torch.profiler``."""
     if hasattr(event, 'start_ns'):
         return event.start_ns()
     return event.start_us() * 1000  # torch < 2.2
-
-
-__all__ = ['MiB', 'synchronize', 'current_rss', 'reset_peak_rss', 'peak_rss', 'peak_memory', 'tensor_peak',
-           'limit_address_space']
-
-MiB = 1024 * 1024
 
 
 def current_rss() -> int:

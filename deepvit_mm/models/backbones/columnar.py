@@ -208,7 +208,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             out_indices = self.default_out_indices(self.arch, out_strides, pyramid)
         self.out_indices = check_out_indices(
             type(self).__name__, self.arch, out_indices, spec.depth,
-            (spec.depth - 1,) if pyramid == 'simple' else spec.out_indices,
+            self.default_out_indices(self.arch, PAPER_STRIDES, pyramid),
             out_strides if pyramid == 'columnar' else out_strides[-1:])
         self.norm_cfg = norm_cfg or dict(type='BN', requires_grad=True)
         self.pad_to = max(max(out_strides), self.tap_stride)
@@ -352,7 +352,11 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
     def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
         """The arch a converted state dict was trained as: the first of ``_named_archs`` with its
         ``state_dict_traits``; None if it is not this family's or no arch has them."""
-        traits = cls.state_dict_traits(state_dict)
+        return cls.arch_with_traits(cls.state_dict_traits(state_dict))
+
+    @classmethod
+    def arch_with_traits(cls, traits: Optional[Dict[str, int]]) -> Optional[str]:
+        """The first of ``_named_archs`` whose spec has ``traits``; None if none has them."""
         if traits is None:
             return None
         return next((name for name in cls._named_archs()

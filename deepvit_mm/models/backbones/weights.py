@@ -73,7 +73,7 @@ class ColumnarWeights:
             traits = fam.state_dict_traits(state_dict)
             if traits is None:
                 continue
-            arch = fam.arch_from_state_dict(state_dict)
+            arch = fam.arch_with_traits(traits)
             if arch is not None:
                 return f'It looks like a checkpoint of {fam.__name__}(arch={arch!r})'
             found = ', '.join(f'{k}={v}' for k, v in traits.items())

@@ -116,6 +116,14 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None,
     inferencer = Inferencer(model=cfg, weights=weights, device=device)
     model = inferencer.model
     check_model(model)
+    meta = _drawing_meta(model, cfg, task, palette)
+    # both visualizers draw with their own copy (mmseg's would otherwise draw Cityscapes' names)
+    model.dataset_meta = inferencer.visualizer.dataset_meta = meta
+    return inferencer, task
+
+
+def _drawing_meta(model, cfg, task: str, palette: str) -> dict:
+    """The class names and colours ``build_inferencer`` draws with (its docstring says which)."""
     meta = dict(getattr(model, 'dataset_meta', None) or {})
     classes = meta.get('classes')
     if classes is None or len(classes) != num_classes_of(model, task):
@@ -128,9 +136,7 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None,
         palette = 'none' if meta['palette'] else 'random'
     if palette != 'none':  # mmdet's visualizer takes the names; mmseg's wants the colours
         meta['palette'] = palette if task == 'det' else _seg_palette(palette, len(meta['classes']))
-    # both visualizers draw with their own copy (mmseg's would otherwise draw Cityscapes' names)
-    model.dataset_meta = inferencer.visualizer.dataset_meta = meta
-    return inferencer, task
+    return meta
 
 
 def _seg_palette(name: str, num_classes: int) -> list:

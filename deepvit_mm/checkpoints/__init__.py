@@ -10,7 +10,8 @@ One module per job, each depending only on those above it:
 ``stored_config``      config text mmengine stores in checkpoints and would evaluate
 ``unpickling``         ``torch.load`` admitting an allowlist only; what a failed load met
 ``reading``            ``read_checkpoint``: verified, then unpickled with an allowlist only
-``matching``           ``load_weights``: one matcher for every loading path, one report
+``matching``           ``plan_load`` (what goes where, the report, the refusals) and ``load_weights``
+                       (the plan applied in one step): every loading path, one report
 ``mmengine_hooks``     mmengine's reader and ``load_state_dict`` routed here; ``--resume`` lookup
 =====================  ============================================================================
 
@@ -21,10 +22,12 @@ format, and the costs, are in docs/weights.md.
 from .errors import CheckpointError
 from .fetch import HUB_PREFIX, resolve_checkpoint
 from .matching import (
+    LoadPlan,
     LoadReport,
     WeightsTarget,
     extract_state_dict,
     load_weights,
+    plan_load,
     require_complete_model,
     weights_targets,
 )
@@ -34,9 +37,9 @@ from .stored_config import config_text_problem
 from .trust import TRUST_ENV, trusted_checkpoints
 
 __all__ = [
-    'CheckpointError', 'LoadReport', 'WeightsTarget', 'safe_globals', 'TRUST_ENV',
+    'CheckpointError', 'LoadPlan', 'LoadReport', 'WeightsTarget', 'safe_globals', 'TRUST_ENV',
     'trusted_checkpoints', 'HUB_PREFIX', 'resolve_checkpoint', 'read_checkpoint',
-    'extract_state_dict', 'load_weights', 'weights_targets', 'install_mmengine_loader',
+    'extract_state_dict', 'plan_load', 'load_weights', 'weights_targets', 'install_mmengine_loader',
     'find_resumable_checkpoint', 'is_readable_checkpoint', 'require_complete_model',
     'config_text_problem'
 ]

@@ -32,8 +32,8 @@ import torch.nn as nn
 
 from .errors import CheckpointError
 
-__all__ = ['WeightsTarget', 'weights_targets', 'extract_state_dict', 'LoadReport', 'load_weights',
-           'require_complete_model']
+__all__ = ['WeightsTarget', 'weights_targets', 'extract_state_dict', 'LoadReport', 'LoadPlan',
+           'plan_load', 'load_weights', 'require_complete_model']
 
 
 @runtime_checkable
@@ -69,12 +69,6 @@ class WeightsTarget(Protocol):
 # --------------------------------------------------------------------------------------------
 # state dicts
 # --------------------------------------------------------------------------------------------
-class _StateDict(dict):
-    """A flat name -> tensor dict that remembers keys dropped while unwrapping it (DINO's
-    projection head), so that the load report can list them."""
-    dropped: List[str]
-
-
 # containers of the model's weights, in the order they are looked for; DINO's `teacher` (the
 # model DINO evaluates) before its `student`
 _CONTAINERS = ('state_dict', 'model', 'module', 'model_ema', 'teacher', 'student')
@@ -92,6 +86,12 @@ def extract_state_dict(obj, checkpoint_key: Optional[str] = None) -> Dict[str, t
         obj: What ``read_checkpoint`` returned.
         checkpoint_key (str, optional): The container to take, e.g. ``'student'``.
     """
+    return _unwrap(obj, checkpoint_key)[0]
+
+
+def _unwrap(obj, checkpoint_key: Optional[str]) -> Tuple[Dict[str, torch.Tensor], List[str]]:
+    """``extract_state_dict``'s state dict, and the keys it dropped on purpose (DINO's
+    projection head), for the report."""
     if not isinstance(obj, Mapping):
         raise CheckpointError(f'expected a dict of tensors in the checkpoint, got {type(obj).__name__}')
     if checkpoint_key is not None:
@@ -104,18 +104,16 @@ def extract_state_dict(obj, checkpoint_key: Optional[str] = None) -> Dict[str, t
         key = next((k for k in _CONTAINERS if isinstance(obj.get(k), Mapping)), None)
     if key is not None:
         obj = obj[key]
-    sd = _StateDict((k[7:] if k.startswith('module.') else k, v) for k, v in obj.items()
-                    if torch.is_tensor(v))
-    sd.dropped = []
+    sd = {(k[7:] if k.startswith('module.') else k): v for k, v in obj.items()
+          if torch.is_tensor(v)}
+    dropped = []
     if key in ('teacher', 'student') and any(k.startswith('backbone.') for k in sd):
-        sd.dropped = sorted(k for k in sd if not k.startswith('backbone.'))
-        kept = {k[9:]: v for k, v in sd.items() if k.startswith('backbone.')}
-        sd.clear()
-        sd.update(kept)
+        dropped = sorted(k for k in sd if not k.startswith('backbone.'))
+        sd = {k[9:]: v for k, v in sd.items() if k.startswith('backbone.')}
     if not sd:
         raise CheckpointError('the checkpoint holds no tensors (keys: '
                               f'{", ".join(list(obj)[:10])}); it is not a model checkpoint.')
-    return sd
+    return sd, dropped
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,6 +233,86 @@ def require_complete_model() -> Iterator[None]:
         _REQUIRE_COMPLETE.reset(token)
 
 
+@dataclass
+class LoadPlan:
+    """What loading a checkpoint into a model will do, computed before anything is copied:
+    ``tensors`` (the model's key -> the tensor it gets) and the ``report``."""
+    tensors: Dict[str, torch.Tensor]
+    report: LoadReport
+
+
+def _route(model: nn.Module, sd: Dict[str, torch.Tensor], source: str,
+           report: LoadReport) -> Dict[str, torch.Tensor]:
+    """The tensors of ``sd`` each of the model's keys gets: a backbone's part converted and
+    matched (``_match_backbone``), the rest by name where the shapes agree (else ``skipped``)."""
+    target = model.state_dict()
+    tensors: Dict[str, torch.Tensor] = {}
+    rest = dict(sd)
+    for prefix, backbone in weights_targets(model):
+        part = {k[len(prefix):]: rest.pop(k) for k in list(rest) if k.startswith(prefix)}
+        if not part and prefix and not any(k in target for k in rest) and set(
+                backbone.convert_state_dict(dict(rest))) & set(backbone.state_dict()):
+            # a backbone (classification, timm, DINO) checkpoint given for a whole model
+            part, rest = rest, {}
+        if part:
+            tensors.update(_match_backbone(backbone, part, prefix, source, report))
+    for k, v in rest.items():
+        if k not in target:
+            report.skipped.append((k, 'not in the model'))
+        elif v.shape != target[k].shape:
+            report.skipped.append(
+                (k, f'checkpoint {tuple(v.shape)} vs model {tuple(target[k].shape)}'))
+        else:
+            tensors[k] = v
+    report.loaded = sorted(tensors)
+    report.left_at_init = [k for k in target if k not in tensors]
+    return tensors
+
+
+def _check_plan(plan: LoadPlan, model: nn.Module, source: str, sd: Mapping[str, torch.Tensor],
+                strict: bool, require_complete: bool) -> None:
+    """Refuse a plan that loads nothing, a non-finite weight, or (``strict``,
+    ``require_complete``) less than the whole model."""
+    report, model_name = plan.report, type(model).__name__
+    if not plan.tensors:
+        raise CheckpointError(
+            f'{source}: nothing of {model_name} would load from it (its tensors: '
+            f'{_summarize(sd) or "none"}). It is a checkpoint of another model.')
+    bad = [k for k, v in plan.tensors.items()
+           if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise CheckpointError(
+            f'{source}: {len(bad)} tensors hold NaN or infinite values: {", ".join(bad[:8])}'
+            f'{" ..." if len(bad) > 8 else ""}. The run that wrote it diverged; load an earlier '
+            'checkpoint of that run.')
+    left = [k for k in report.left_at_init if not k.endswith('num_batches_tracked')]
+    if strict and (report.skipped or left):
+        raise CheckpointError(f'{source} does not match {model_name} exactly '
+                              f'(strict=True):\n{report.format()}')
+    if require_complete and left:
+        backbones = weights_targets(model)
+        backbone_only = all(any(k.startswith(p) for p, _ in backbones) for k in report.loaded)
+        raise CheckpointError(
+            f'{source} has no weights for {len(left)} tensors of {model_name}: '
+            f'{_summarize(left)}. Evaluating needs the checkpoint of a trained model (this one '
+            'looks like ' + ('a backbone checkpoint: train with it as the backbone\'s init_cfg '
+                             'or load_from first)' if backbone_only else 'a partial one)') + '.')
+
+
+def plan_load(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkpoint',
+              strict: bool = False, checkpoint_key: Optional[str] = None,
+              require_complete: Optional[bool] = None) -> LoadPlan:
+    """What ``load_weights`` would load and report, copying nothing; refuses as it does (same
+    arguments)."""
+    if require_complete is None:
+        require_complete = _REQUIRE_COMPLETE.get()
+    sd, dropped = _unwrap(checkpoint, checkpoint_key)
+    report = LoadReport(source=f'{source} into {type(model).__name__}', dropped=list(dropped))
+    plan = LoadPlan(tensors=_route(model, sd, source, report), report=report)
+    _check_plan(plan, model, source, sd, strict, require_complete)
+    return plan
+
+
 def load_weights(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkpoint',
                  strict: bool = False, checkpoint_key: Optional[str] = None,
                  require_complete: Optional[bool] = None, log: bool = True) -> LoadReport:
@@ -263,57 +341,10 @@ def load_weights(model: nn.Module, checkpoint: Mapping, *, source: str = 'checkp
             did not load, or ``require_complete`` and some of the model would stay at init.
             Nothing is copied in that case.
     """
-    if require_complete is None:
-        require_complete = _REQUIRE_COMPLETE.get()
-    extracted = extract_state_dict(checkpoint, checkpoint_key)
-    sd, dropped_outside = dict(extracted), list(extracted.dropped)
-    target = model.state_dict()
-    report = LoadReport(source=f'{source} into {type(model).__name__}')
-    report.dropped.extend(dropped_outside)
-    new_sd: Dict[str, torch.Tensor] = {}
-    rest = dict(sd)
-    backbones = weights_targets(model)
-    for prefix, backbone in backbones:
-        part = {k[len(prefix):]: rest.pop(k) for k in list(rest) if k.startswith(prefix)}
-        if not part and prefix and not any(k in target for k in rest) and set(
-                backbone.convert_state_dict(dict(rest))) & set(backbone.state_dict()):
-            # a backbone (classification, timm, DINO) checkpoint given for a whole model
-            part, rest = rest, {}
-        if part:
-            new_sd.update(_match_backbone(backbone, part, prefix, source, report))
-    for k, v in rest.items():
-        if k not in target:
-            report.skipped.append((k, 'not in the model'))
-        elif v.shape != target[k].shape:
-            report.skipped.append(
-                (k, f'checkpoint {tuple(v.shape)} vs model {tuple(target[k].shape)}'))
-        else:
-            new_sd[k] = v
-    report.loaded = sorted(new_sd)
-    report.left_at_init = [k for k in target if k not in new_sd]
-    if not new_sd:
-        raise CheckpointError(
-            f'{source}: nothing of {type(model).__name__} would load from it (its tensors: '
-            f'{_summarize(sd) or "none"}). It is a checkpoint of another model.')
-    bad = [k for k, v in new_sd.items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
-        raise CheckpointError(
-            f'{source}: {len(bad)} tensors hold NaN or infinite values: {", ".join(bad[:8])}'
-            f'{" ..." if len(bad) > 8 else ""}. The run that wrote it diverged; load an earlier '
-            'checkpoint of that run.')
-    left = [k for k in report.left_at_init if not k.endswith('num_batches_tracked')]
-    if strict and (report.skipped or left):
-        raise CheckpointError(f'{source} does not match {type(model).__name__} exactly '
-                              f'(strict=True):\n{report.format()}')
-    if require_complete and left:
-        raise CheckpointError(
-            f'{source} has no weights for {len(left)} tensors of {type(model).__name__}: '
-            f'{_summarize(left)}. Evaluating needs the checkpoint of a trained model (this one '
-            'looks like ' + ('a backbone checkpoint: train with it as the backbone\'s init_cfg '
-                             'or load_from first)' if all(
-                                 any(k.startswith(p) for p, _ in backbones)
-                                 for k in report.loaded) else 'a partial one)') + '.')
-    model.load_state_dict(new_sd, strict=False)
+    plan = plan_load(model, checkpoint, source=source, strict=strict,
+                     checkpoint_key=checkpoint_key, require_complete=require_complete)
+    model.load_state_dict(plan.tensors, strict=False)
+    report = plan.report
     if log:
         from mmengine.logging import print_log
         print_log(report.format(), logger='current',

@@ -79,13 +79,7 @@ def read_checkpoint(path: str, map_location='cpu') -> dict:
         raise CheckpointError(f'checkpoint {path!r} is empty (0 bytes): the file was not fully '
                               'written; download or save it again.')
     if is_safetensors(path):
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-        try:  # safetensors checks that the header covers exactly the bytes after it
-            return load_file(path, device=str(map_location) if map_location else 'cpu')
-        except (SafetensorError, ValueError, OSError) as e:
-            raise CheckpointError(f'cannot read safetensors file {path!r} ({e}); it is truncated '
-                                  'or corrupt: download or save it again.') from e
+        return _read_safetensors(path, map_location)
     if is_zip(path):
         problem = zip_problem(path)
         if problem:
@@ -97,29 +91,49 @@ def read_checkpoint(path: str, map_location='cpu') -> dict:
         else:
             obj = load_weights_only(path, map_location, safe_globals())
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, zip errors...
-        msg = str(e)
-        if isinstance(e, CheckpointError):  # an allowed stand-in refused its arguments
-            kind, found = 'unsafe', re.findall(r'GLOBAL ([\w.]+)', msg)
-        else:
-            kind, found = classify_load_error(e)
-        if kind == 'unsafe':
-            if any('sharded_tensor' in g or 'FlatParameter' in g for g in found):
-                raise CheckpointError(
-                    f'{path!r} is one process\'s part of a sharded checkpoint: {SHARDED_HINT} '
-                    + trust_hint(path)) from None
-            raise CheckpointError(
-                f'refusing to load {path!r}: it contains pickled objects that are not plain data '
-                f'({", ".join(sorted(set(found))) or msg.splitlines()[-1][:200]}). Loading it could '
-                'run arbitrary code. Re-save only its tensors (a state dict) or convert it to '
-                '.safetensors. ' + trust_hint(path)) from None
-        if kind == 'corrupt':
-            raise CheckpointError(f'cannot read {path!r}: the file is truncated or corrupt ({msg[:200]}). '
-                                  'Download or save it again.') from e
-        raise CheckpointError(f'cannot read checkpoint {path!r}: {type(e).__name__}: {msg[:300]}. '
-                              'It is not a PyTorch or safetensors checkpoint, or it is corrupt.') from e
+        # an unsafe file's own traceback says nothing more (the globals it names are in the message)
+        raise _refusal(path, e) from (None if _kind(e)[0] == 'unsafe' else e)
     if not trusted and isinstance(obj, dict):
         neutralise_config_text(obj, path)
     return obj
+
+
+def _read_safetensors(path: str, map_location) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    try:  # safetensors checks that the header covers exactly the bytes after it
+        return load_file(path, device=str(map_location) if map_location else 'cpu')
+    except (SafetensorError, ValueError, OSError) as e:
+        raise CheckpointError(f'cannot read safetensors file {path!r} ({e}); it is truncated '
+                              'or corrupt: download or save it again.') from e
+
+
+def _kind(e: Exception):
+    """``classify_load_error``'s (kind, globals found) of a failed ``torch.load``."""
+    if isinstance(e, CheckpointError):  # an allowed stand-in refused its arguments
+        return 'unsafe', re.findall(r'GLOBAL ([\w.]+)', str(e))
+    return classify_load_error(e)
+
+
+def _refusal(path: str, e: Exception) -> CheckpointError:
+    """The error a failed ``torch.load`` of ``path`` is reported as: objects that are not plain
+    data (a sharded checkpoint's part among them), a truncated or corrupt file, or another file."""
+    msg = str(e)
+    kind, found = _kind(e)
+    if kind == 'unsafe':
+        if any('sharded_tensor' in g or 'FlatParameter' in g for g in found):
+            return CheckpointError(f'{path!r} is one process\'s part of a sharded checkpoint: '
+                                   f'{SHARDED_HINT} ' + trust_hint(path))
+        return CheckpointError(
+            f'refusing to load {path!r}: it contains pickled objects that are not plain data '
+            f'({", ".join(sorted(set(found))) or msg.splitlines()[-1][:200]}). Loading it could '
+            'run arbitrary code. Re-save only its tensors (a state dict) or convert it to '
+            '.safetensors. ' + trust_hint(path))
+    if kind == 'corrupt':
+        return CheckpointError(f'cannot read {path!r}: the file is truncated or corrupt ({msg[:200]}). '
+                               'Download or save it again.')
+    return CheckpointError(f'cannot read checkpoint {path!r}: {type(e).__name__}: {msg[:300]}. '
+                           'It is not a PyTorch or safetensors checkpoint, or it is corrupt.')
 
 
 def is_readable_checkpoint(path: str) -> bool:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import timm
 import torch
-from conftest import ROOT, official_xcit_state_dict
+from conftest import EARLY, ROOT, official_xcit_state_dict
 from mmdet.registry import MODELS
 from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner.checkpoint import _load_checkpoint
@@ -334,3 +334,28 @@ def test_a_complete_model_is_required_by_argument_or_block():
         load_weights(model, backbone_only, require_complete=False, log=False)  # the argument wins
     report = load_weights(model, backbone_only, log=False)
     assert report.left_at_init == ['neck.weight', 'neck.bias']
+
+
+def test_a_plan_copies_nothing_and_loading_applies_it():
+    """``plan_load`` computes which tensor goes where and the report, copying nothing;
+    ``load_weights`` applies that plan in one step and returns its report."""
+    from deepvit_mm.checkpoints import load_weights, plan_load
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.backbone, model.neck = XCiT(ARCH, out_indices=EARLY), torch.nn.Linear(2, 2)
+    source = torch.nn.Module()
+    source.backbone, source.neck = XCiT(ARCH, out_indices=EARLY), torch.nn.Linear(3, 3)
+    ckpt = {'state_dict': {**source.state_dict(), 'head.fc.weight': torch.zeros(4)}}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    plan = plan_load(model, ckpt, source='ckpt')
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert sorted(plan.tensors) == plan.report.loaded
+    assert plan.report.loaded == sorted(k for k in before if k.startswith('backbone.'))
+    assert sorted(k for k, _ in plan.report.skipped) == ['head.fc.weight', 'neck.bias',
+                                                          'neck.weight']
+    assert plan.report.left_at_init == ['neck.weight', 'neck.bias']
+    report = load_weights(model, ckpt, source='ckpt', log=False)
+    assert report == plan.report
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in plan.tensors.items())
+    assert torch.equal(after['neck.weight'], before['neck.weight'])

@@ -67,6 +67,22 @@ def token_gram(y: torch.Tensor, n: int) -> torch.Tensor:
     return torch.baddbmm(y.new_zeros(()), y.transpose(1, 2), y, beta=0, alpha=1.0 / n)
 
 
+def _augmented(attn: nn.Module, gram: torch.Tensor, tok_sum: Optional[torch.Tensor],
+               n: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``fold_xca``'s Gram matrix and ``qkv`` weight in float32, with a ``qkv`` bias the
+    constant-1 column added to both: ``[[G, s], [s^T, n]]`` (B, C+1, C+1) and ``[W | b]``
+    (3C, C+1)."""
+    g = gram.float()
+    w = attn.qkv.weight.float()                                   # (3C, C)
+    if attn.qkv.bias is None:
+        return g, w
+    B = gram.shape[0]
+    s = tok_sum.float().unsqueeze(1)                              # (B, 1, C)
+    g = torch.cat([torch.cat([g, s], 1),
+                   torch.cat([s.transpose(1, 2), s.new_full((B, 1, 1), float(n))], 1)], 2)
+    return g, torch.cat([w, attn.qkv.bias.float().unsqueeze(1)], 1)
+
+
 def fold_xca(attn: nn.Module, gram: torch.Tensor, tok_sum: Optional[torch.Tensor], n: float,
              gamma: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """timm's ``XCA`` (times LayerScale ``gamma``) as one linear map per image, from ``y^T y``.
@@ -99,15 +115,7 @@ def fold_xca(attn: nn.Module, gram: torch.Tensor, tok_sum: Optional[torch.Tensor
     d = C // h
     # the C x C algebra is cheap: run it in float32 even under autocast
     with torch.autocast(gram.device.type, enabled=False):
-        g = gram.float()
-        w = attn.qkv.weight.float()                               # (3C, C)
-        has_bias = attn.qkv.bias is not None
-        if has_bias:
-            s = tok_sum.float().unsqueeze(1)                      # (B, 1, C)
-            g = torch.cat([torch.cat([g, s], 1),
-                           torch.cat([s.transpose(1, 2), s.new_full((B, 1, 1), float(n))], 1)],
-                          2)                                      # (B, C+1, C+1)
-            w = torch.cat([w, attn.qkv.bias.float().unsqueeze(1)], 1)  # (3C, C+1)
+        g, w = _augmented(attn, gram, tok_sum, n)
         wqk = w[:2 * C]
         gw = g @ wqk.t()                                          # [G Wq^T | G Wk^T] (B, C', 2C)
         # squared l2 norms of q's and k's channels over the tokens, then F.normalize's clamp
@@ -116,16 +124,25 @@ def fold_xca(attn: nn.Module, gram: torch.Tensor, tok_sum: Optional[torch.Tensor
                           gw[..., C:].view(B, -1, h, d))          # Wq G Wk^T per head
         scale = inv[:, :C].view(B, h, d, 1) * inv[:, C:].view(B, h, 1, d)
         a = attn.attn_drop((qk * scale * attn.temperature.float()).softmax(dim=-1))
-        # proj(blockdiag(A) v): fold A, Wv (and bv) and Wp into one map per image
-        wp = attn.proj.weight.float()
-        pb = attn.proj.bias.float() if attn.proj.bias is not None else g.new_zeros(C)
-        if gamma is not None:
-            wp = wp * gamma.float().unsqueeze(1)
-            pb = pb * gamma.float()
-        av = torch.einsum('bhde,hei->bhdi', a, w[2 * C:].view(h, d, -1)).reshape(B, C, -1)
-        fused = wp @ av                                           # (B, C, C') = [W | W_p A b_v]
-        weight = fused[..., :C]
-        out_bias = fused[..., C] + pb if has_bias else pb.expand(B, C)
+        return _fold_projection(attn, a, w[2 * C:], gamma)
+
+
+def _fold_projection(attn: nn.Module, a: torch.Tensor, wv: torch.Tensor,
+                     gamma: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``proj(blockdiag(A) v)`` (times ``gamma``) as ``fold_xca``'s ``(weight, bias)``: the
+    attention ``a`` (B, h, d, d), ``Wv`` (``wv``: C x C, or C x C+1 with ``bv`` as its last column)
+    and ``Wp`` folded into one map per image."""
+    B, h, d = a.shape[:3]
+    C = h * d
+    wp = attn.proj.weight.float()
+    pb = attn.proj.bias.float() if attn.proj.bias is not None else a.new_zeros(C)
+    if gamma is not None:
+        wp = wp * gamma.float().unsqueeze(1)
+        pb = pb * gamma.float()
+    av = torch.einsum('bhde,hei->bhdi', a, wv.view(h, d, -1)).reshape(B, C, -1)
+    fused = wp @ av                                               # (B, C, C') = [W | W_p A b_v]
+    weight = fused[..., :C]
+    out_bias = fused[..., C] + pb if wv.shape[1] > C else pb.expand(B, C)
     return weight, out_bias
 
 
@@ -254,6 +271,50 @@ def default_chunk(device: torch.device) -> Optional[int]:
     return 1024 if device.type == 'cpu' else None
 
 
+def _attention_inference_(blk: nn.Module, x: torch.Tensor, out: torch.Tensor, groups: list,
+                          steps: list, mm_dtype: torch.dtype) -> None:
+    """``out = x + gamma1 * attn(norm1(x))`` of ``xca_block_inference``, step by step: pass 1
+    accumulates ``y^T y`` (and the token sum) of each group of images, pass 2 applies the folded
+    map."""
+    N = x.shape[1]
+    attn = blk.attn
+    with_sum = attn.qkv.bias is not None
+    for g in groups:
+        gram = tok_sum = None
+        for s in steps:  # means over all N tokens (float16 sums would overflow)
+            y = blk.norm1(x[g, s].to(out.dtype)).to(mm_dtype)
+            part = token_gram(y, N).float()
+            gram = part if gram is None else gram + part
+            if with_sum:
+                part = y.sum(1, dtype=torch.float32) / N
+                tok_sum = part if tok_sum is None else tok_sum + part
+        del y, part  # (whole: an N x C tensor) not kept through the rest of the block
+        fused, fbias = fold_xca(attn, gram, tok_sum, 1.0, gamma=blk.gamma1)
+        fused_t, fbias = fused.transpose(1, 2).to(mm_dtype), fbias.unsqueeze(1).to(mm_dtype)
+        # norm1 again rather than keeping its output: recomputing a chunk's LayerNorm in cache
+        # is cheaper than writing and re-reading an N x C tensor
+        for s in steps:
+            xs = x[g, s].to(out.dtype)
+            _add_linear_(out[g, s], xs, blk.norm1(xs).to(mm_dtype), fused_t, fbias)
+
+
+def _folded_mlp(blk: nn.Module, dtype: torch.dtype) -> Tuple[torch.Tensor, ...]:
+    """``fc1``'s and ``fc2``'s transposed weights and biases in ``dtype``, LayerScale ``gamma2``
+    folded into ``fc2``."""
+    mlp = blk.mlp
+    return (mlp.fc1.weight.t().to(dtype), mlp.fc1.bias.to(dtype),
+            (mlp.fc2.weight * blk.gamma2.unsqueeze(1)).t().to(dtype),
+            (mlp.fc2.bias * blk.gamma2).to(dtype))
+
+
+def _groups_and_steps(B: int, N: int, chunk: Optional[int]) -> Tuple[list, list]:
+    """The images and the tokens ``xca_block_inference`` takes a step at a time: all at once
+    (``chunk=None``), or image by image, ``chunk`` tokens at a time."""
+    if chunk is None:
+        return [slice(None)], [slice(None)]
+    return [slice(b, b + 1) for b in range(B)], list(_chunks(N, chunk))
+
+
 def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
                         chunk: Optional[int] = -1) -> torch.Tensor:
     """``XCABlock.forward(x, H, W)`` for inference (eval mode, no autograd).
@@ -271,40 +332,19 @@ def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
         chunk (int, optional): Tokens per step, None for all; default (-1): ``default_chunk``.
     """
     B, N, C = x.shape
-    attn, mlp, lpi = blk.attn, blk.mlp, blk.local_mp
+    mlp, lpi = blk.mlp, blk.local_mp
     if chunk == -1:
         chunk = default_chunk(x.device)
     whole = chunk is None or chunk >= N
-    if whole:  # one step over the batch
-        groups, steps = [slice(None)], [slice(None)]
-    else:  # image by image, chunk by chunk
-        groups, steps = [slice(b, b + 1) for b in range(B)], list(_chunks(N, chunk))
+    groups, steps = _groups_and_steps(B, N, None if whole else chunk)
     mm_dtype = _matmul_dtype(x)
-    with_sum = attn.qkv.bias is not None
     # timm's residual adds promote a bf16 input (autocast patch embedding) to the parameters' dtype;
     # its LayerNorms, autocast to float32, see the input in that dtype too (CUDA's layer_norm
     # takes no bf16 input with float32 weights)
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, blk.gamma1.dtype),
                       device=x.device)
     with torch.autocast(x.device.type, enabled=False):
-        # attention: pass 1 accumulates y^T y (and the token sum), pass 2 applies the folded map
-        for g in groups:
-            gram = tok_sum = None
-            for s in steps:  # means over all N tokens (float16 sums would overflow)
-                y = blk.norm1(x[g, s].to(out.dtype)).to(mm_dtype)
-                part = token_gram(y, N).float()
-                gram = part if gram is None else gram + part
-                if with_sum:
-                    part = y.sum(1, dtype=torch.float32) / N
-                    tok_sum = part if tok_sum is None else tok_sum + part
-            del y, part  # (whole: an N x C tensor) not kept through the rest of the block
-            fused, fbias = fold_xca(attn, gram, tok_sum, 1.0, gamma=blk.gamma1)
-            fused_t, fbias = fused.transpose(1, 2).to(mm_dtype), fbias.unsqueeze(1).to(mm_dtype)
-            # norm1 again rather than keeping its output: recomputing a chunk's LayerNorm in cache
-            # is cheaper than writing and re-reading an N x C tensor
-            for s in steps:
-                xs = x[g, s].to(out.dtype)
-                _add_linear_(out[g, s], xs, blk.norm1(xs).to(mm_dtype), fused_t, fbias)
+        _attention_inference_(blk, x, out, groups, steps, mm_dtype)
         z = blk.norm3(out)
     # local patch interaction: the tokens (B, N, C) are an NHWC map; its convs run on that
     # channels-last view (no transposing copy), under the caller's autocast
@@ -313,10 +353,7 @@ def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
     z = z.permute(0, 2, 3, 1).reshape(B, N, C)
     with torch.autocast(x.device.type, enabled=False):
         # LPI residual, then the MLP (LayerScale folded into fc2), step by step
-        w1t = mlp.fc1.weight.t().to(mm_dtype)
-        b1 = mlp.fc1.bias.to(mm_dtype)
-        w2t = (mlp.fc2.weight * blk.gamma2.unsqueeze(1)).t().to(mm_dtype)
-        b2 = (mlp.fc2.bias * blk.gamma2).to(mm_dtype)
+        w1t, b1, w2t, b2 = _folded_mlp(blk, mm_dtype)
         for g in groups:
             for s in steps:
                 torch.addcmul(out[g, s], blk.gamma3, z[g, s], out=out[g, s])

@@ -30,6 +30,16 @@ BUILDS = {
 }
 # BEiT pads every input to its position grid: built for 96 x 96, not timm's 224 x 224
 BUILD_KWARGS = {'TimmBEiT': dict(img_size=96)}
+# the families' own arguments and the training controls, each built once more (columnar
+# pyramid, default fast path) beside the defaults
+VARIANTS = {
+    'XCiT': (dict(qkv_cfg=dict(type='SNE')), dict(qkv_cfg=dict(type='FSNE')),
+             dict(frozen_stages=2, norm_eval=True), dict(with_cp=True, out_indices=(1, 2, 3, 5))),
+    'CaiT': (dict(window_size=2), dict(window_size=2, global_blocks=(0, 3)),
+             dict(img_size=96, frozen_stages=0)),
+    'TimmViT': (dict(window_size=2), dict(window_size=2, global_blocks=(1,), out_indices=(4,),
+                                          out_strides=(32,))),
+}
 INPUT = (2, 3, 64, 96)
 STRIDE_SETS = ((4, 8, 16, 32), (8, 16, 32))
 PYRAMIDS = ('columnar', 'simple')
@@ -69,38 +79,49 @@ def _fast_path_settings(family) -> List[Any]:
     return ['default', True, False] if family.fast_path_name else ['default']
 
 
-def _build(family, arch: str, pyramid: str, fast) -> torch.nn.Module:
-    kwargs = dict(BUILD_KWARGS.get(family.__name__, {}), pyramid=pyramid)
-    if fast != 'default':
-        kwargs[family.fast_path_name] = fast
-    torch.manual_seed(0)
-    return family(arch, **kwargs)
+def _settings(family) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """(key, constructor arguments) of every build of an arch."""
+    for pyramid in PYRAMIDS:
+        for fast in _fast_path_settings(family):
+            kwargs = dict(pyramid=pyramid)
+            if fast != 'default':
+                kwargs[family.fast_path_name] = fast
+            yield f'{pyramid}/{family.fast_path_name or "fast"}={fast}', kwargs
+    for kwargs in VARIANTS.get(family.__name__, ()):
+        yield ','.join(f'{k}={v}' for k, v in kwargs.items()), kwargs
 
 
 def _runs(family, arch: str) -> Iterator[Tuple[str, Any]]:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(INPUT, generator=gen)
-    for pyramid in PYRAMIDS:
-        for fast in _fast_path_settings(family):
-            key = f'{arch}/{pyramid}/{family.fast_path_name or "fast"}={fast}'
-            model = _build(family, arch, pyramid, fast)
-            for name, value in model.state_dict().items():
-                yield f'{key}/init/{name}', value
-            model.train()
-            torch.manual_seed(2)  # stochastic depth's draws
-            outs = model(x)
-            weights = [torch.randn(o.shape, generator=torch.Generator().manual_seed(3 + i))
-                       for i, o in enumerate(outs)]
-            sum((o * w).sum() for o, w in zip(outs, weights)).backward()
-            for i, out in enumerate(outs):
-                yield f'{key}/train/out{i}', out.detach()
-            for name, param in model.named_parameters():
-                if param.grad is not None:
-                    yield f'{key}/grad/{name}', param.grad
-            model.eval()
-            with torch.no_grad():
-                for i, out in enumerate(model(x)):
-                    yield f'{key}/eval/out{i}', out
+    for setting, kwargs in _settings(family):
+        key = f'{arch}/{setting}'
+        torch.manual_seed(0)
+        model = family(arch, **BUILD_KWARGS.get(family.__name__, {}), **kwargs)
+        for attr in ('arch', 'out_indices', 'out_strides', 'out_channels', 'pad_to',
+                     'tap_stride', 'depth', 'embed_dim', 'patch_size', 'window_size',
+                     'global_blocks', 'qkv_cfg'):
+            if hasattr(model, attr):
+                yield f'{key}/attr/{attr}', _plain(getattr(model, attr))
+        yield f'{key}/requires_grad', [n for n, p in model.named_parameters()
+                                       if p.requires_grad]
+        for name, value in model.state_dict().items():
+            yield f'{key}/init/{name}', value
+        model.train()
+        torch.manual_seed(2)  # stochastic depth's draws
+        outs = model(x)
+        weights = [torch.randn(o.shape, generator=torch.Generator().manual_seed(3 + i))
+                   for i, o in enumerate(outs)]
+        sum((o * w).sum() for o, w in zip(outs, weights)).backward()
+        for i, out in enumerate(outs):
+            yield f'{key}/train/out{i}', out.detach()
+        for name, param in model.named_parameters():
+            if param.grad is not None:
+                yield f'{key}/grad/{name}', param.grad
+        model.eval()
+        with torch.no_grad():
+            for i, out in enumerate(model(x)):
+                yield f'{key}/eval/out{i}', out
 
 
 def snapshot(families=None, archs=None) -> Dict[str, Any]:

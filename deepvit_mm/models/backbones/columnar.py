@@ -6,9 +6,11 @@ convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_
 ``with_cp`` and weight loading live here once.
 """
 import contextlib
+import dataclasses
 import difflib
 import re
 from typing import (
+    Any,
     Callable,
     ClassVar,
     Dict,
@@ -38,7 +40,7 @@ from .columnar_pyramid import PAPER_STRIDES, ColumnarPyramid
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 from .weights import ColumnarWeights
 
-__all__ = ['ColumnarBackbone', 'ArchSpec', 'FeatureLevels', 'paper_taps']
+__all__ = ['ColumnarBackbone', 'ColumnarArgs', 'ArchSpec', 'FeatureLevels', 'paper_taps']
 
 
 class FeatureLevels(NamedTuple):
@@ -92,13 +94,81 @@ class ArchSpec(dict):
             raise AttributeError(name) from e
 
 
+@dataclasses.dataclass(frozen=True)
+class ColumnarArgs:
+    """A backbone's arguments, checked, and what they fix (``ColumnarBackbone.parse_args``): the
+    trunk, the taps and the pyramid are built from it, and the backbone's attributes (``arch``,
+    ``out_indices``, ``pad_to``, ...) read it. ``family`` holds the family's own arguments
+    (XCiT's ``qkv_cfg``, the windows of CaiT and ViT), checked by the family's ``parse_args``."""
+    arch: str  # a key of the family's arch_zoo
+    spec: ArchSpec
+    out_indices: Tuple[int, ...]
+    out_strides: Tuple[int, ...]
+    pyramid: str
+    drop_path_rate: float
+    layer_scale: Optional[float]
+    norm_cfg: Mapping[str, Any]
+    frozen_stages: int
+    norm_eval: bool
+    with_cp: bool
+    pad_input: bool
+    trunk_kwargs: Dict[str, Any]
+    family: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def tap_stride(self) -> int:
+        """The stride of the taps the adapter rescales: the patch size, or for a patch size that
+        is not a power of two (14) the next one, the taps resampled to it."""
+        return self.spec.get('tap_stride', self.spec.patch_size)
+
+    @property
+    def pad_to(self) -> int:
+        """What ``pad_input`` pads an input's sides to a multiple of."""
+        return max(max(self.out_strides), self.tap_stride)
+
+    @property
+    def kept_blocks(self) -> int:
+        """The blocks the trunk keeps: those up to the last tap."""
+        return max(self.out_indices) + 1
+
+    def with_family(self, **family) -> 'ColumnarArgs':
+        """These arguments with the family's own added."""
+        return dataclasses.replace(self, family={**self.family, **family})
+
+
+def _arg(name: str, doc: str) -> property:
+    """A backbone attribute that reads its ``ColumnarArgs``."""
+    return property(lambda self: getattr(self.args, name), doc=doc)
+
+
+def _pretrained_init_cfg(name: str, pretrained: Optional[str],
+                         init_cfg: Optional[dict]) -> Optional[dict]:
+    """``init_cfg`` with mmseg's older ``pretrained`` spelling of it taken in."""
+    if pretrained is None:
+        return init_cfg
+    if not isinstance(pretrained, str) or pretrained.startswith(
+            ('open-mmlab://', 'torchvision://', 'mmcls://')):
+        raise ValueError(
+            f'{name} got pretrained={pretrained!r}, the weights an mmseg base config sets for its '
+            'ResNet (model.pretrained). Set model.pretrained=None and give ImageNet weights with '
+            "backbone.init_cfg=dict(type='Pretrained', checkpoint=PATH).")
+    if init_cfg is not None:
+        raise ValueError(f'{name}: give either pretrained or init_cfg, not both.')
+    return dict(type='Pretrained', checkpoint=pretrained)
+
+
 class ColumnarBackbone(ColumnarWeights, BaseModule):
     """Base class of columnar (single-stride) transformer backbones for mmdet and mmseg.
 
-    Subclasses define ``arch_zoo`` (short name -> ``ArchSpec``), ``name_pattern`` (a regex that
+    The constructor checks its arguments first (``parse_args``: one frozen ``ColumnarArgs``,
+    ``self.args``, that the attributes ``arch``, ``out_indices``, ``pad_to``... read), then builds
+    the trunk, prunes it after the last tap, builds the pyramid and freezes what is asked.
+    Families define ``arch_zoo`` (short name -> ``ArchSpec``), ``name_pattern`` (a regex that
     turns a timm model name into a short name), ``classifier_parts``, ``checkpoint_filter``,
-    ``fast_path_name`` (with its property), ``_build_trunk``, ``_forward_taps`` and
-    ``_apply_fast_path``.
+    ``_build_trunk(args)`` and ``_forward_taps``; a family with arguments of its own checks them
+    in its ``parse_args`` (``args.with_family(...)``), one with a faster forward sets
+    ``fast_path_name`` (with its property) and ``_apply_fast_path``. docs/backbones.md has an
+    example.
 
     With ``pad_input=False`` the input goes in unpadded, as in the official XCiT detection and
     segmentation code (its ADE20k evaluation ran on unpadded images): the conv stem rounds each
@@ -151,100 +221,134 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
     #: ``deepvit_mm.engine.distributed.fsdp.columnar_block_policy``)
     block_type: ClassVar[Optional[Type[nn.Module]]] = None
     families: ClassVar[List[Type['ColumnarBackbone']]] = []
+    #: the fast path's setting (a family sets it after building, through its property)
+    _fast_path: Union[bool, str] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if cls.arch_zoo:
             ColumnarBackbone.families.append(cls)
 
-    def __init__(self,
-                 arch: str,
-                 out_indices: Optional[Sequence[int]] = None,
-                 out_strides: Sequence[int] = (4, 8, 16, 32),
-                 drop_path_rate: Optional[float] = None,
-                 norm_cfg: Optional[dict] = None,
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 pad_input: bool = True,
-                 pyramid: str = 'columnar',
-                 layer_scale_init: Optional[float] = None,
-                 init_cfg: Optional[dict] = None,
-                 pretrained: Optional[str] = None,
-                 **trunk_kwargs) -> None:
-        if pretrained is not None:
-            if not isinstance(pretrained, str) or pretrained.startswith(
-                    ('open-mmlab://', 'torchvision://', 'mmcls://')):
-                raise ValueError(
-                    f'{type(self).__name__} got pretrained={pretrained!r}, the weights an mmseg '
-                    'base config sets for its ResNet (model.pretrained). Set model.pretrained=None '
-                    "and give ImageNet weights with backbone.init_cfg=dict(type='Pretrained', "
-                    'checkpoint=PATH).')
-            if init_cfg is not None:
-                raise ValueError(f'{type(self).__name__}: give either pretrained or init_cfg, '
-                                 'not both.')
-            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
-        super().__init__(init_cfg=init_cfg)
-        check_arguments(type(self).__name__, drop_path_rate, norm_cfg, frozen_stages)
-        self.arch = self.resolve_arch(arch)
-        fixed = sorted(set(trunk_kwargs) & {'patch_size', 'embed_dim', 'depth', 'num_heads'})
-        if fixed:
-            raise ValueError(
-                f'{type(self).__name__}: {", ".join(fixed)} is fixed by arch={arch!r}; choose '
-                f'another arch instead (valid: {", ".join(self.arch_zoo)}).')
-        spec = self.arch_zoo[self.arch]
-        self.depth = spec.depth
-        self.patch_size = spec.patch_size
-        # the stride of the taps the adapter rescales: the patch size, or for a patch size that
-        # is not a power of two (14) the next one, the taps resampled to it (``_forward_taps``)
-        self.tap_stride = spec.get('tap_stride', spec.patch_size)
-        self.embed_dim = spec.embed_dim
-        self.pyramid = self._check_pyramid(pyramid)
+    def __init__(self, arch: str, *, init_cfg: Optional[dict] = None,
+                 pretrained: Optional[str] = None, **kwargs) -> None:
+        super().__init__(init_cfg=_pretrained_init_cfg(type(self).__name__, pretrained, init_cfg))
+        self.args = args = self.parse_args(arch, **kwargs)
         # what forward checked that reads the device (checks.py): the values of its first input,
         # and per device the largest need of memory found free
         self._values_checked = False
         self._memory_checked: Dict[str, int] = {}
-        if out_indices is None:
-            out_indices = self.default_out_indices(self.arch, out_strides, pyramid)
-        self.out_indices = check_out_indices(
-            type(self).__name__, self.arch, out_indices, spec.depth,
-            self.default_out_indices(self.arch, PAPER_STRIDES, pyramid),
-            out_strides if pyramid == 'columnar' else out_strides[-1:])
-        self.norm_cfg = norm_cfg or dict(type='BN', requires_grad=True)
-        self.pad_to = max(max(out_strides), self.tap_stride)
-        self.pad_input = pad_input
-        if self.pad_to % self.tap_stride:
-            raise ValueError(f'{type(self).__name__}: the largest output stride {self.pad_to} must be '
-                             f'a multiple of the taps\' stride {self.tap_stride}.')
-        dpr = spec.drop_path_rate if drop_path_rate is None else drop_path_rate
-        self.in_chans = trunk_kwargs.get('in_chans', 3)
-
-        self._kept_blocks = max(self.out_indices) + 1
-        self.frozen_stages = frozen_stages
-        self._check_frozen_stages()  # before the seconds a large trunk takes to build
-
-        layer_scale = spec.eta if layer_scale_init is None else layer_scale_init
-        self.trunk = self._build_trunk(spec, drop_path_rate=dpr, layer_scale=layer_scale,
-                                       **trunk_kwargs)
-        self.trunk.prune_intermediate_layers(self.out_indices, prune_norm=True, prune_head=True)
+        self.trunk = self._build_trunk(args)
+        self.trunk.prune_intermediate_layers(args.out_indices, prune_norm=True, prune_head=True)
         drop_pruned_classifier_parameters(self.trunk, self.classifier_parts)
-        ColumnarPyramid.check_strides(self.tap_stride, out_strides)
-        try:  # what is left to fail is building the norm layers from norm_cfg
-            self._convert_batchnorms(self.trunk, self.norm_cfg)
-            self.adapter = ColumnarPyramid(self.embed_dim, in_stride=self.tap_stride,
-                                           out_strides=out_strides, norm_cfg=self.norm_cfg)
-        except (AssertionError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f'{type(self).__name__}: cannot build norm layers from norm_cfg='
-                             f'{self.norm_cfg} ({type(e).__name__}: {e}). Use e.g. '
-                             "dict(type='BN'), dict(type='SyncBN') or dict(type='GN', "
-                             'num_groups=G) with G dividing every channel count.') from e
-        self.out_channels = [self.embed_dim] * len(out_strides)
-        self.out_strides = tuple(out_strides)
-        self.norm_eval = norm_eval
-        self.with_cp = with_cp
-        if with_cp:
+        self.adapter = self._build_adapter(args)
+        if args.with_cp:
             enable_grad_checkpointing(self.trunk)
         self._freeze_stages()
+
+    @classmethod
+    def parse_args(cls, arch: str, out_indices: Optional[Sequence[int]] = None,
+                   out_strides: Sequence[int] = (4, 8, 16, 32),
+                   drop_path_rate: Optional[float] = None, norm_cfg: Optional[dict] = None,
+                   frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
+                   pad_input: bool = True, pyramid: str = 'columnar',
+                   layer_scale_init: Optional[float] = None, **trunk_kwargs) -> ColumnarArgs:
+        """The constructor's arguments (the class docstring's, ``init_cfg`` and ``pretrained``
+        aside) checked, with what they fix, building nothing; a family adds its own arguments.
+        Raises ``TypeError``/``ValueError`` saying what to pass."""
+        name = cls.__name__
+        check_arguments(name, drop_path_rate, norm_cfg, frozen_stages)
+        key = cls.resolve_arch(arch)
+        fixed = sorted(set(trunk_kwargs) & {'patch_size', 'embed_dim', 'depth', 'num_heads'})
+        if fixed:
+            raise ValueError(f'{name}: {", ".join(fixed)} is fixed by arch={arch!r}; choose '
+                             f'another arch instead (valid: {", ".join(cls.arch_zoo)}).')
+        spec = cls.arch_zoo[key]
+        pyramid = cls._check_pyramid(pyramid)
+        if out_indices is None:
+            out_indices = cls.default_out_indices(key, out_strides, pyramid)
+        out_indices = check_out_indices(
+            name, key, out_indices, spec.depth, cls.default_out_indices(key, PAPER_STRIDES, pyramid),
+            out_strides if pyramid == 'columnar' else out_strides[-1:])
+        args = ColumnarArgs(
+            arch=key, spec=spec, out_indices=out_indices, out_strides=tuple(out_strides),
+            pyramid=pyramid, pad_input=pad_input,
+            drop_path_rate=spec.drop_path_rate if drop_path_rate is None else drop_path_rate,
+            layer_scale=spec.eta if layer_scale_init is None else layer_scale_init,
+            norm_cfg=norm_cfg or dict(type='BN', requires_grad=True),
+            frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp,
+            trunk_kwargs=dict(trunk_kwargs))
+        cls._check_layout(args)
+        return args
+
+    @classmethod
+    def _check_layout(cls, args: ColumnarArgs) -> None:
+        """Refuse strides the taps cannot be rescaled to, and ``frozen_stages`` past the blocks
+        used (before the seconds a large trunk takes to build)."""
+        if args.pad_to % args.tap_stride:
+            raise ValueError(f'{cls.__name__}: the largest output stride {args.pad_to} must be '
+                             f'a multiple of the taps\' stride {args.tap_stride}.')
+        if not -1 <= args.frozen_stages <= args.kept_blocks:
+            raise ValueError(f'{cls.__name__}: frozen_stages={args.frozen_stages} must be -1 '
+                             '(nothing frozen), 0 (patch embedding) or k in [1, '
+                             f'{args.kept_blocks}] (also the first k of the {args.kept_blocks} '
+                             'blocks used).')
+        ColumnarPyramid.check_strides(args.tap_stride, args.out_strides)
+
+    def _build_adapter(self, args: ColumnarArgs) -> ColumnarPyramid:
+        """The trunk's BatchNorms converted to ``norm_cfg``, and the pyramid."""
+        try:  # what is left to fail is building the norm layers from norm_cfg
+            self._convert_batchnorms(self.trunk, args.norm_cfg)
+            return ColumnarPyramid(args.spec.embed_dim, in_stride=args.tap_stride,
+                                   out_strides=args.out_strides, norm_cfg=args.norm_cfg)
+        except (AssertionError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f'{type(self).__name__}: cannot build norm layers from norm_cfg='
+                             f'{args.norm_cfg} ({type(e).__name__}: {e}). Use e.g. '
+                             "dict(type='BN'), dict(type='SyncBN') or dict(type='GN', "
+                             'num_groups=G) with G dividing every channel count.') from e
+
+    # what the arguments fixed (``self.args``)
+    arch = _arg('arch', 'The arch: a key of ``arch_zoo``.')
+    out_indices = _arg('out_indices', 'The 0-based blocks tapped.')
+    out_strides = _arg('out_strides', 'The strides of the pyramid levels.')
+    pyramid = _arg('pyramid', "``'columnar'`` or ``'simple'``.")
+    norm_cfg = _arg('norm_cfg', 'The norm layers of the conv parts.')
+    frozen_stages = _arg('frozen_stages', 'See the class docstring.')
+    norm_eval = _arg('norm_eval', 'See the class docstring.')
+    with_cp = _arg('with_cp', 'See the class docstring.')
+    tap_stride = _arg('tap_stride', "The stride of the taps (``ColumnarArgs.tap_stride``).")
+    pad_to = _arg('pad_to', "What ``pad_input`` pads an input's sides to a multiple of.")
+    _kept_blocks = _arg('kept_blocks', 'The blocks the trunk keeps: those up to the last tap.')
+
+    @property
+    def pad_input(self) -> bool:
+        """See the class docstring; may be switched on a built backbone (it changes no weight)."""
+        return self.args.pad_input
+
+    @pad_input.setter
+    def pad_input(self, value: bool) -> None:
+        self.args = dataclasses.replace(self.args, pad_input=bool(value))
+
+    @property
+    def depth(self) -> int:
+        """The arch's depth (the trunk keeps ``_kept_blocks`` of them)."""
+        return self.args.spec.depth
+
+    @property
+    def patch_size(self) -> int:
+        return self.args.spec.patch_size
+
+    @property
+    def embed_dim(self) -> int:
+        return self.args.spec.embed_dim
+
+    @property
+    def in_chans(self) -> int:
+        return self.args.trunk_kwargs.get('in_chans', 3)
+
+    @property
+    def out_channels(self) -> List[int]:
+        """Channels of each level (a neck's ``in_channels``)."""
+        return [self.embed_dim] * len(self.out_strides)
 
     # ----------------------------------------------------------------- architecture table
     @classmethod
@@ -321,9 +425,9 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                 ColumnarBackbone._convert_batchnorms(child, norm_cfg)
 
     # ----------------------------------------------------------------- to implement
-    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: float,
-                     **kwargs) -> nn.Module:
-        """The timm model for ``spec`` (LayerScale init ``layer_scale``)."""
+    def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
+        """The timm model of ``args`` (its ``spec``, ``drop_path_rate``, ``layer_scale``,
+        ``trunk_kwargs`` and the family's own arguments)."""
         raise NotImplementedError
 
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
@@ -488,15 +592,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             return []
         return self._stem_modules() + list(self.trunk.blocks[:self.frozen_stages])
 
-    def _check_frozen_stages(self) -> None:
-        if not -1 <= self.frozen_stages <= self._kept_blocks:
-            raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} must be -1 '
-                             '(nothing frozen), 0 (patch embedding) or k in [1, '
-                             f'{self._kept_blocks}] (also the first k of the {self._kept_blocks} '
-                             'blocks used).')
-
     def _freeze_stages(self) -> None:
-        self._check_frozen_stages()
         for m in self._frozen_modules():
             m.eval()
             for p in m.parameters():

@@ -570,3 +570,60 @@ def test_with_cp_statistics_survive_mmengines_syncbn_revert(family, arch):
         _train_step(m)
     ref_b, cp_b = _stats(ref), _stats(cp)
     assert all(torch.equal(ref_b[n], cp_b[n]) for n in ref_b)
+
+
+# ------------------------------------------------------------------------------ construction
+def test_arguments_are_checked_into_one_frozen_description_before_building():
+    """``parse_args`` checks every argument, builds nothing, and fixes what the backbone's
+    attributes read; no family sets state on itself before its parent's constructor."""
+    import ast
+    import dataclasses
+    import inspect
+    import textwrap
+
+    from deepvit_mm.models.backbones.columnar import ColumnarArgs
+    args = XCiT.parse_args('xcit_nano_12_p16_224', out_strides=(8, 16, 32), qkv_cfg=dict(type='SNE'))
+    assert isinstance(args, ColumnarArgs) and args.arch == 'nano_12_p16'
+    assert (args.out_indices, args.kept_blocks, args.pad_to) == ((5, 7, 11), 12, 32)
+    assert args.family == {'qkv_cfg': dict(type='SNE')}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.arch = 'tiny_12_p16'
+    with pytest.raises(ValueError, match=r'frozen_stages=13 must be'):
+        XCiT.parse_args('nano_12_p16', frozen_stages=13)
+    for fam in {*ColumnarBackbone.families, *(c for f in ColumnarBackbone.families
+                                              for c in f.__mro__[1:]
+                                              if issubclass(c, ColumnarBackbone))}:
+        init = fam.__dict__.get('__init__')
+        if init is None:
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(init))).body[0].body
+        calls = [i for i, st in enumerate(body) if 'super().__init__' in ast.unparse(st)]
+        assert calls, fam
+        early = [ast.unparse(st) for st in body[:calls[0]]
+                 if any(isinstance(t, ast.Attribute) and ast.unparse(t.value) == 'self'
+                        for node in ast.walk(st) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                        for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))]
+        assert not early, (fam.__name__, early)
+
+
+def test_the_docs_family_example_builds_and_runs(monkeypatch):
+    """docs/backbones.md's "A family of your own": its code defines a family that builds, checks
+    its own argument and gives the four maps."""
+    import os
+    import re
+
+    from conftest import ROOT
+    monkeypatch.setattr(ColumnarBackbone, 'families', list(ColumnarBackbone.families))
+    with open(os.path.join(ROOT, 'docs', 'backbones.md')) as f:
+        section = f.read().split('## A family of your own', 1)[1]
+    code = re.search(r'```python\n(.*?)```', section, flags=re.S).group(1)
+    scope = {}
+    exec(compile(code, 'docs/backbones.md', 'exec'), scope)
+    family = scope['PlainDeiT']
+    with pytest.raises(TypeError, match='qkv_bias must be True or False'):
+        family('tiny', qkv_bias='no')
+    m = family('deit_tiny_patch16_224', qkv_bias=False, out_indices=EARLY).eval()
+    assert m.args.family == {'qkv_bias': False} and m.trunk.blocks[0].attn.qkv.bias is None
+    with torch.no_grad():
+        outs = m(torch.randn(1, 3, 64, 96))
+    assert [tuple(o.shape) for o in outs] == [(1, 192, 64 // s, 96 // s) for s in (4, 8, 16, 32)]

@@ -46,7 +46,7 @@ from timm.models.cait import Cait, LayerScaleBlock, checkpoint_filter_fn
 from ....registry import register_model
 from ....tracing import capturing_for_other_sizes
 from ..checks import check_window_arguments
-from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
+from ..columnar import ArchSpec, ColumnarArgs, ColumnarBackbone, count_blocks
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 
 __all__ = ['CaiT']
@@ -142,16 +142,32 @@ class CaiT(ColumnarBackbone):
     def __init__(self, arch: str = 's24', *, img_size: Optional[int] = None, window_size: int = 0,
                  global_blocks: Optional[Sequence[int]] = None,
                  query_chunks: Union[bool, str] = 'auto', **kwargs) -> None:
-        self._img_size = self._check_img_size(arch, img_size)
-        check_window_arguments('CaiT', window_size, global_blocks)
-        super().__init__(arch, **kwargs)
+        super().__init__(arch, img_size=img_size, window_size=window_size,
+                         global_blocks=global_blocks, **kwargs)
         # inference-only cache of resampled position embeddings; see `pos_embed_for`
         self._pos_cache: Dict[Tuple[int, int], torch.Tensor] = OrderedDict()
         self._pos_cache_stamp: Optional[tuple] = None
-        self.window_size, self.global_blocks = self._check_windows(window_size, global_blocks)
-        for i, blk in enumerate(self.trunk.blocks):
-            blk.attn.window_size = 0 if i in self.global_blocks else self.window_size
         self.query_chunks = query_chunks
+
+    @classmethod
+    def parse_args(cls, arch: str, *, img_size: Optional[int] = None, window_size: int = 0,
+                   global_blocks: Optional[Sequence[int]] = None, **kwargs) -> ColumnarArgs:
+        img_size = cls._check_img_size(arch, img_size)
+        check_window_arguments('CaiT', window_size, global_blocks)
+        args = super().parse_args(arch, **kwargs)
+        window_size, global_blocks = cls._check_windows(args, window_size, global_blocks)
+        return args.with_family(img_size=img_size, window_size=window_size,
+                                global_blocks=global_blocks)
+
+    @property
+    def window_size(self) -> int:
+        """0 (global attention) or the side of the windows of every block but ``global_blocks``."""
+        return self.args.family['window_size']
+
+    @property
+    def global_blocks(self) -> Tuple[int, ...]:
+        """The 0-based blocks with global attention."""
+        return self.args.family['global_blocks']
 
     def _apply_fast_path(self, mode: Union[bool, str]) -> None:
         chunk = {True: CPU_QUERY_CHUNK, False: None, 'auto': 'auto'}[mode]
@@ -175,34 +191,39 @@ class CaiT(ColumnarBackbone):
             raise ValueError(f'CaiT: img_size={img_size} is smaller than one 16x16 patch.')
         return int(img_size)
 
-    def _check_windows(self, window_size, global_blocks) -> Tuple[int, Tuple[int, ...]]:
-        n = len(self.trunk.blocks)
+    @staticmethod
+    def _check_windows(args: ColumnarArgs, window_size,
+                       global_blocks) -> Tuple[int, Tuple[int, ...]]:
+        n = args.kept_blocks
         if not window_size:
             return 0, tuple(range(n))
         if global_blocks is None:
-            return window_size, tuple(self.out_indices)
+            return window_size, tuple(args.out_indices)
         idx = tuple(int(i) for i in global_blocks)
         if any(i < 0 or i >= n for i in idx) or list(idx) != sorted(set(idx)):
-            raise ValueError(f'CaiT({self.arch}): global_blocks {tuple(global_blocks)} must be '
+            raise ValueError(f'CaiT({args.arch}): global_blocks {tuple(global_blocks)} must be '
                              f'strictly increasing 0-based block indices in [0, {n - 1}] '
-                             f'(the default is out_indices {self.out_indices}).')
+                             f'(the default is out_indices {args.out_indices}).')
         return window_size, idx
 
     def _stem_parameters(self) -> List[nn.Parameter]:
         return [self.trunk.pos_embed]  # the learned position embedding
 
-    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: float,
-                     **kwargs) -> nn.Module:
-        return Cait(
-            img_size=self._img_size, patch_size=spec.patch_size, embed_dim=spec.embed_dim,
+    def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
+        spec, family = args.spec, args.family
+        trunk = Cait(
+            img_size=family['img_size'], patch_size=spec.patch_size, embed_dim=spec.embed_dim,
             # blocks after the last tap would be pruned right away: not built (nor initialised);
             # drop path is uniform over blocks, so nothing else depends on the depth
-            depth=max(self.out_indices) + 1, num_heads=spec.num_heads, init_values=layer_scale,
-            drop_path_rate=drop_path_rate, num_classes=0,
+            depth=args.kept_blocks, num_heads=spec.num_heads, init_values=args.layer_scale,
+            drop_path_rate=args.drop_path_rate, num_classes=0,
             # any size: the backbone pads inputs to a multiple of 32, and with pad_input=False
             # the patch embedding pads to a multiple of the patch size
             patch_layer=partial(PatchEmbed, strict_img_size=False, dynamic_img_pad=True),
-            attn_block=GridTalkingHeadAttn, **kwargs)
+            attn_block=GridTalkingHeadAttn, **args.trunk_kwargs)
+        for i, blk in enumerate(trunk.blocks):
+            blk.attn.window_size = 0 if i in family['global_blocks'] else family['window_size']
+        return trunk
 
     # ----------------------------------------------------------------- position embedding
     @property

@@ -46,7 +46,7 @@ from ....registry import register_model
 from ....utils import meta_device
 from ..cait.model import even_taps
 from ..checks import check_window_arguments
-from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
+from ..columnar import ArchSpec, ColumnarArgs, ColumnarBackbone, count_blocks
 from .window_attention import WindowedAttention, use_windows
 
 __all__ = ['TimmArchTable', 'TimmColumnar', 'TimmViT', 'TimmEVA', 'TimmBEiT', 'vitdet_drop_path']
@@ -129,10 +129,6 @@ class TimmColumnar(ColumnarBackbone):
     trunk_options: ClassVar[Dict[str, object]] = {}
     fast_path_name = ''
 
-    def __init__(self, arch: str, **kwargs) -> None:
-        self._fast_path = False
-        super().__init__(arch, **kwargs)
-
     @classmethod
     def _valid_archs(cls) -> str:
         examples = ', '.join(repr(n) for n in cls.examples)
@@ -150,13 +146,19 @@ class TimmColumnar(ColumnarBackbone):
     def reference_forward(self) -> Iterator[None]:
         yield  # timm's forward is the only one
 
-    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: Optional[float],
-                     **kwargs) -> nn.Module:
-        kept = max(self.out_indices) + 1
+    def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
+        return self._create_trunk(args)
+
+    def _create_trunk(self, args: ColumnarArgs, **options) -> nn.Module:
+        """timm's model of ``args`` with its first ``kept_blocks`` blocks, built with the
+        family's ``trunk_options`` and ``options`` over ``args.trunk_kwargs``."""
+        spec, kept = args.spec, args.kept_blocks
+        drop_path_rate = args.drop_path_rate
         if kept < spec.depth:  # the rates of the first `kept` of `depth` linearly growing ones
             drop_path_rate = drop_path_rate * (kept - 1) / (spec.depth - 1)
-        if layer_scale is not None:
-            kwargs['init_values'] = layer_scale
+        kwargs = dict(args.trunk_kwargs, **options)
+        if args.layer_scale is not None:
+            kwargs['init_values'] = args.layer_scale
         return create_model(spec.timm, pretrained=False, num_classes=0, depth=kept,
                             drop_path_rate=drop_path_rate, **{**self.trunk_options, **kwargs})
 
@@ -248,46 +250,60 @@ class TimmViT(TimmColumnar):
 
     def __init__(self, arch: str = 'vit_base_patch16_224', *, window_size: int = 0,
                  global_blocks: Optional[Sequence[int]] = None, **kwargs) -> None:
-        check_window_arguments('TimmViT', window_size, global_blocks)
-        self.window_size = window_size
-        super().__init__(arch, **kwargs)
-        self.global_blocks = tuple(range(len(self.trunk.blocks)))
-        if window_size:
-            self.global_blocks = self._check_global_blocks(global_blocks)
-            for i, blk in enumerate(self.trunk.blocks):
-                if i not in self.global_blocks:
-                    try:
-                        use_windows(blk.attn, window_size)
-                    except TypeError as e:
-                        raise ValueError(f'TimmViT({self.arch}): {e}') from e
+        super().__init__(arch, window_size=window_size, global_blocks=global_blocks, **kwargs)
 
-    def _check_global_blocks(self, global_blocks) -> Tuple[int, ...]:
-        n = len(self.trunk.blocks)
+    @classmethod
+    def parse_args(cls, arch: str, *, window_size: int = 0,
+                   global_blocks: Optional[Sequence[int]] = None, **kwargs) -> ColumnarArgs:
+        check_window_arguments('TimmViT', window_size, global_blocks)
+        args = super().parse_args(arch, **kwargs)
+        blocks = tuple(range(args.kept_blocks))
+        if window_size:
+            blocks = cls._check_global_blocks(args, global_blocks)
+        return args.with_family(window_size=window_size, global_blocks=blocks)
+
+    @property
+    def window_size(self) -> int:
+        """0 (global attention) or the side of the windows of every block but ``global_blocks``."""
+        return self.args.family['window_size']
+
+    @property
+    def global_blocks(self) -> Tuple[int, ...]:
+        """The 0-based blocks with global attention."""
+        return self.args.family['global_blocks']
+
+    @staticmethod
+    def _check_global_blocks(args: ColumnarArgs, global_blocks) -> Tuple[int, ...]:
+        n, depth = args.kept_blocks, args.spec.depth
         if global_blocks is None:  # ViTDet: the last block of each quarter of the full trunk
-            q = self.depth // 4
-            return tuple(i for i in (q - 1, 2 * q - 1, 3 * q - 1, self.depth - 1) if i < n)
+            q = depth // 4
+            return tuple(i for i in (q - 1, 2 * q - 1, 3 * q - 1, depth - 1) if i < n)
         idx = tuple(int(i) for i in global_blocks)
         if any(i < 0 or i >= n for i in idx) or list(idx) != sorted(set(idx)):
-            raise ValueError(f'TimmViT({self.arch}): global_blocks {tuple(global_blocks)} must be '
+            raise ValueError(f'TimmViT({args.arch}): global_blocks {tuple(global_blocks)} must be '
                              f'strictly increasing 0-based block indices in [0, {n - 1}].')
         return idx
 
-    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: Optional[float],
-                     **kwargs) -> nn.Module:
-        if not self.window_size:
-            return super()._build_trunk(spec, drop_path_rate, layer_scale, **kwargs)
-        # ViTDet: patch tokens only
-        kwargs = dict(kwargs, class_token=False, reg_tokens=0, global_pool='avg')
-        try:
-            trunk = super()._build_trunk(spec, drop_path_rate, layer_scale, **kwargs)
+    def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
+        window_size = args.family['window_size']
+        if not window_size:
+            return self._create_trunk(args)
+        try:  # ViTDet: patch tokens only
+            trunk = self._create_trunk(args, class_token=False, reg_tokens=0, global_pool='avg')
         except AssertionError as e:  # timm's distilled ViTs need their class token
-            raise ValueError(f'TimmViT({spec.timm}): window_size needs a trunk of patch tokens '
-                             f'only, which timm does not build for this model ({e}): use '
+            raise ValueError(f'TimmViT({args.spec.timm}): window_size needs a trunk of patch '
+                             f'tokens only, which timm does not build for this model ({e}): use '
                              'window_size=0 or another ViT.') from e
         if trunk.num_prefix_tokens:
-            raise ValueError(f'TimmViT({spec.timm}): window_size needs a trunk of patch tokens '
-                             f'only, and this one keeps {trunk.num_prefix_tokens} (a distillation '
-                             'token): use window_size=0 or another ViT.')
+            raise ValueError(f'TimmViT({args.spec.timm}): window_size needs a trunk of patch '
+                             f'tokens only, and this one keeps {trunk.num_prefix_tokens} (a '
+                             'distillation token): use window_size=0 or another ViT.')
+        for i, blk in enumerate(trunk.blocks):
+            if i not in args.family['global_blocks']:
+                try:
+                    use_windows(blk.attn, window_size)
+                except TypeError as e:
+                    raise ValueError(f'TimmViT({args.arch}): {e}') from e
         return trunk
 
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:

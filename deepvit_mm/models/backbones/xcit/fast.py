@@ -338,9 +338,8 @@ def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
     whole = chunk is None or chunk >= N
     groups, steps = _groups_and_steps(B, N, None if whole else chunk)
     mm_dtype = _matmul_dtype(x)
-    # timm's residual adds promote a bf16 input (autocast patch embedding) to the parameters' dtype;
-    # its LayerNorms, autocast to float32, see the input in that dtype too (CUDA's layer_norm
-    # takes no bf16 input with float32 weights)
+    # timm's residual adds promote a bf16 input (autocast patch embedding) to the parameters'
+    # dtype, as its LayerNorms see it too (CUDA's takes no bf16 input with float32 weights)
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, blk.gamma1.dtype),
                       device=x.device)
     with torch.autocast(x.device.type, enabled=False):

@@ -18,7 +18,7 @@ import torch.nn as nn
 from timm.models.xcit import checkpoint_filter_fn
 
 from ....registry import register_model
-from ..columnar import ArchSpec, ColumnarBackbone, count_blocks
+from ..columnar import ArchSpec, ColumnarArgs, ColumnarBackbone, count_blocks
 from .fast import xca_block_forward, xca_block_forward_auto
 from .qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
 
@@ -96,15 +96,23 @@ class XCiT(ColumnarBackbone):
 
     def __init__(self, arch: str = 'small_12_p16', *, qkv_cfg: Optional[dict] = None,
                  gram_xca: Union[bool, str] = 'auto', **kwargs) -> None:
-        self.qkv_cfg = normalize_qkv_cfg(qkv_cfg)
-        super().__init__(arch, **kwargs)
+        super().__init__(arch, qkv_cfg=qkv_cfg, **kwargs)
         self.gram_xca = gram_xca
 
-    def _build_trunk(self, spec: ArchSpec, drop_path_rate: float, layer_scale: float,
-                     **kwargs) -> nn.Module:
-        trunk = timm.create_model(spec.timm, pretrained=False, num_classes=0,
-                                  drop_path_rate=drop_path_rate, eta=layer_scale, **kwargs)
-        return set_qkv_embed(trunk, self.qkv_cfg)
+    @classmethod
+    def parse_args(cls, arch: str, *, qkv_cfg: Optional[dict] = None, **kwargs) -> ColumnarArgs:
+        return super().parse_args(arch, **kwargs).with_family(qkv_cfg=normalize_qkv_cfg(qkv_cfg))
+
+    @property
+    def qkv_cfg(self) -> dict:
+        """The Q/K/V embedding of every XCA block (``xcit.qkv.normalize_qkv_cfg``'s form)."""
+        return self.args.family['qkv_cfg']
+
+    def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
+        trunk = timm.create_model(args.spec.timm, pretrained=False, num_classes=0,
+                                  drop_path_rate=args.drop_path_rate, eta=args.layer_scale,
+                                  **args.trunk_kwargs)
+        return set_qkv_embed(trunk, args.family['qkv_cfg'])
 
     def _stem_modules(self) -> List[nn.Module]:
         return super()._stem_modules() + [self.trunk.pos_embed]  # the Fourier encoding's conv

@@ -15,7 +15,9 @@ Two rules, both reported at the end of the run's output, naming the test:
 ``SLOW_S`` holds on a CPU where ``floor_seconds()`` takes ``FLOOR_S`` (a 2-core Intel Xeon VM on
 torch's AVX2 kernels, Python 3.10 and 3.13 alike); a slower CPU, timed in the same process, gets
 a limit that much longer, never a shorter one. ``DEEPVIT_TEST_SLOW_S`` sets a limit taken as it is
-(tests/test_budget.py uses it).
+(tests/test_budget.py uses it). ``DEEPVIT_TEST_CPU_CSV=FILE`` writes every test's CPU seconds
+(setup and call, its finished children's included) to FILE, the most first: where a suite's work
+goes, which wall times (processes sharing the cores) do not tell.
 """
 import os
 import time
@@ -27,6 +29,8 @@ FAIL_FACTOR = 2.0
 FLOOR_S = 0.05
 _KEY = 'budget'
 _KEY_OVER = 'budget_over'
+_KEY_CPU = 'cpu_seconds'
+_CPU = []  # (CPU seconds, test), in the process that reports the run
 _START = pytest.StashKey[float]()  # CPU seconds when a test's setup began
 _BROKEN = []  # in the process that reports the run (pytest-xdist's sends it every report)
 _OVER = []  # tests over the limit, under FAIL_FACTOR times it: named, the run not failed
@@ -95,7 +99,9 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if call.when == 'call' and report.passed and _START in item.stash:
-        broken = _broken_rule(item, cpu_seconds() - item.stash[_START])
+        took = cpu_seconds() - item.stash[_START]
+        report.user_properties.append((_KEY_CPU, took))
+        broken = _broken_rule(item, took)
         if broken:
             report.user_properties.append(broken)
 
@@ -104,10 +110,16 @@ def pytest_runtest_logreport(report):
     """Gathers what the tests' reports say of the budget."""
     _BROKEN.extend(value for key, value in report.user_properties if key == _KEY)
     _OVER.extend(value for key, value in report.user_properties if key == _KEY_OVER)
+    _CPU.extend((value, report.nodeid) for key, value in report.user_properties if key == _KEY_CPU)
 
 
 def pytest_sessionfinish(session):
-    """A test against the rules fails the run."""
+    """A test against the rules fails the run; ``DEEPVIT_TEST_CPU_CSV`` gets the CPU times."""
+    path = os.environ.get('DEEPVIT_TEST_CPU_CSV')
+    if path and _CPU and not hasattr(session.config, 'workerinput'):  # pytest-xdist's workers: no
+        with open(path, 'w') as f:
+            f.write('cpu_seconds,test\n')
+            f.writelines(f'{took:.3f},{test}\n' for took, test in sorted(_CPU, reverse=True))
     if _BROKEN and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -58,7 +58,8 @@ def _run(tmp_path, *args):
     (tmp_path / 'test_cases.py').write_text(CASES)
     run = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *args,
                           'test_cases.py'], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, 'DEEPVIT_TEST_SLOW_S': '0.2'})
+                         timeout=120, env={**os.environ, 'DEEPVIT_TEST_SLOW_S': '0.2',
+                                           'DEEPVIT_TEST_CPU_CSV': str(tmp_path / 'cpu.csv')})
     return run, run.stdout + run.stderr[-2000:]
 
 
@@ -94,6 +95,12 @@ def test_a_run_fails_on_a_test_against_the_rules(tmp_path, workers):
     assert len(named) == 1 and named[0].startswith('test_cases.py::test_unmarked_near took '), out
     # the sections come after --durations' table, at the end of the log
     assert out.index('slowest') < out.index('time budget'), out[-3000:]
+    # every test's CPU seconds, the most first
+    rows = [line.split(',') for line in (tmp_path / 'cpu.csv').read_text().splitlines()[1:]]
+    assert len(rows) == 6 and [float(r[0]) for r in rows] == sorted(
+        (float(r[0]) for r in rows), reverse=True), rows
+    took = {r[1].split('::')[1]: float(r[0]) for r in rows}
+    assert took['test_unmarked_said'] >= 0.6 and took['test_quick'] < 0.2, took
 
 
 def test_a_test_over_the_limit_and_under_twice_it_is_named_and_the_run_passes(tmp_path):

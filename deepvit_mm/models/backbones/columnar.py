@@ -136,11 +136,6 @@ class ColumnarArgs:
         return dataclasses.replace(self, family={**self.family, **family})
 
 
-def _arg(name: str, doc: str) -> property:
-    """A backbone attribute that reads its ``ColumnarArgs``."""
-    return property(lambda self: getattr(self.args, name), doc=doc)
-
-
 def _pretrained_init_cfg(name: str, pretrained: Optional[str],
                          init_cfg: Optional[dict]) -> Optional[dict]:
     """``init_cfg`` with mmseg's older ``pretrained`` spelling of it taken in."""
@@ -306,18 +301,62 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                              "dict(type='BN'), dict(type='SyncBN') or dict(type='GN', "
                              'num_groups=G) with G dividing every channel count.') from e
 
-    # what the arguments fixed (``self.args``)
-    arch = _arg('arch', 'The arch: a key of ``arch_zoo``.')
-    out_indices = _arg('out_indices', 'The 0-based blocks tapped.')
-    out_strides = _arg('out_strides', 'The strides of the pyramid levels.')
-    pyramid = _arg('pyramid', "``'columnar'`` or ``'simple'``.")
-    norm_cfg = _arg('norm_cfg', 'The norm layers of the conv parts.')
-    frozen_stages = _arg('frozen_stages', 'See the class docstring.')
-    norm_eval = _arg('norm_eval', 'See the class docstring.')
-    with_cp = _arg('with_cp', 'See the class docstring.')
-    tap_stride = _arg('tap_stride', "The stride of the taps (``ColumnarArgs.tap_stride``).")
-    pad_to = _arg('pad_to', "What ``pad_input`` pads an input's sides to a multiple of.")
-    _kept_blocks = _arg('kept_blocks', 'The blocks the trunk keeps: those up to the last tap.')
+    # what the arguments fixed (``self.args``): plain properties, which torch 2.1's dynamo guards
+    # (a property made by a function would hold its name in a closure, which 2.1 cannot guard)
+    @property
+    def arch(self) -> str:
+        """The arch: a key of ``arch_zoo``."""
+        return self.args.arch
+
+    @property
+    def out_indices(self) -> Tuple[int, ...]:
+        """The 0-based blocks tapped."""
+        return self.args.out_indices
+
+    @property
+    def out_strides(self) -> Tuple[int, ...]:
+        """The strides of the pyramid levels."""
+        return self.args.out_strides
+
+    @property
+    def pyramid(self) -> str:
+        """``'columnar'`` or ``'simple'``."""
+        return self.args.pyramid
+
+    @property
+    def norm_cfg(self) -> Mapping:
+        """The norm layers of the conv parts."""
+        return self.args.norm_cfg
+
+    @property
+    def frozen_stages(self) -> int:
+        """See the class docstring."""
+        return self.args.frozen_stages
+
+    @property
+    def norm_eval(self) -> bool:
+        """See the class docstring."""
+        return self.args.norm_eval
+
+    @property
+    def with_cp(self) -> bool:
+        """See the class docstring."""
+        return self.args.with_cp
+
+    @property
+    def tap_stride(self) -> int:
+        """The stride of the taps (``ColumnarArgs.tap_stride``)."""
+        return self.args.tap_stride
+
+    @property
+    def pad_to(self) -> int:
+        """What ``pad_input`` pads an input's sides to a multiple of."""
+        return self.args.pad_to
+
+    @property
+    def _kept_blocks(self) -> int:
+        """The blocks the trunk keeps: those up to the last tap."""
+        return self.args.kept_blocks
 
     @property
     def pad_input(self) -> bool:

@@ -131,3 +131,42 @@ def test_a_virtualenv_whose_python_is_gone_is_made_again(tree, tmp_path):
         assert run.stdout.strip() == (f'[setup] {venv.name} was made by Python none, not {HERE} '
                                       f'({shown}): making it again')
     assert (venv / 'bin' / 'python').exists()  # SETUP_CHECK_ONLY: said, not done
+
+
+def test_a_second_set_up_returns_at_once_unless_the_environment_changed(tree, tmp_path):
+    """The fast path: the stamp of the last set-up (the requirements, and every distribution's
+    version in the environment) matches, and the script returns without pip; a distribution
+    added since (as ``pip install`` would) sends it back to installing. Run in an active
+    virtualenv whose python is this one, with ``-m pip`` refused and counted."""
+    shutil.copy(os.path.join(ROOT, 'setup.py'), tree / 'setup.py')
+    venv, site = tmp_path / 'venv', tmp_path / 'site'
+    (venv / 'bin').mkdir(parents=True)
+    site.mkdir()
+    python = venv / 'bin' / 'python'
+    python.write_text(f'#!/usr/bin/env bash\n[ "$1 $2" != "-m pip" ] || {{ echo PIP "$@"; exit 3; }}\n'
+                      f'PYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHON'}
+    env.update(VIRTUAL_ENV=str(venv), STACK='newest' if _takes('newest', HERE) else 'torch2.1')
+    want = subprocess.run(['bash', '-c', f'cat requirements/*.txt setup.py deepvit_mm/version.py'
+                           ' | sha256sum | cut -c1-16'], cwd=tree, capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+    def setup(installed: str) -> subprocess.CompletedProcess:
+        (venv / '.deepvit_mm.stamp').write_text(f'{want}-{installed}\n')
+        return subprocess.run(['bash', str(tree / 'tools' / 'setup_env.sh')], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    # what the script computes of this environment: a stamp it does not take sends it to pip
+    first = setup('0' * 16)
+    assert first.returncode != 0 and 'PIP -m pip install' in first.stdout, first.stdout + first.stderr
+    now = subprocess.run([str(python), '-c', 'import hashlib, importlib.metadata as m; print('
+                          'hashlib.sha256("\\n".join(sorted("%s==%s" % (d.metadata["Name"], '
+                          'd.version) for d in m.distributions())).encode()).hexdigest()[:16])'],
+                         cwd=tree, capture_output=True, text=True, check=True).stdout.strip()
+    same = setup(now)
+    assert same.returncode == 0 and 'PIP' not in same.stdout, same.stdout + same.stderr
+    (site / 'added-1.0.dist-info').mkdir()
+    (site / 'added-1.0.dist-info' / 'METADATA').write_text('Name: added\nVersion: 1.0\n')
+    changed = setup(now)
+    assert changed.returncode != 0 and 'PIP -m pip install' in changed.stdout, changed.stdout

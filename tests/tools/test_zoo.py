@@ -394,18 +394,14 @@ def test_mmengine_get_config_takes_the_metafile_weights(installed, tmp_path):
         'https://dl.fbaipublicfiles.com/xcit/ade/upernet_xcit_small_12_p16.pth', 'small_12_p16']
 
 
-@pytest.mark.parametrize('install', [
-    'wheel',
-    pytest.param('editable', marks=pytest.mark.skipif(
-        not _installed_editable(), reason='deepvit_mm is not installed editable here'))])
+@pytest.mark.skipif(not _installed_editable(), reason='deepvit_mm is not installed editable here')
 @pytest.mark.slow
 @needs_mim
-def test_mim_train_and_test_run_the_tools(install, request, tmp_path):
-    """``mim train deepvit_mm CONFIG`` (by name: mim finds it in .mim) runs .mim/tools/train.py,
-    here 2 iterations of the demo segmentor with a TensorBoard backend; ``mim test`` then
-    evaluates its checkpoint. From the wheel, and from the editable install with the checkout on
-    the path (docs/install.md#mim)."""
-    installed = request.getfixturevalue('installed') if install == 'wheel' else ROOT
+def test_mim_train_and_test_run_the_tools(installed, tmp_path):
+    """``mim train deepvit_mm CONFIG`` (by name: mim finds it in .mim) runs .mim/tools/train.py
+    from the wheel, here 2 iterations of the demo segmentor with a TensorBoard backend; ``mim
+    test`` then evaluates its checkpoint from the editable install with the checkout on the path
+    (docs/install.md#mim): each install starts a tool. ~40 s: two mim processes."""
     from deepvit_tools.demo_data import make_ade_demo
     data = tmp_path / 'ade'
     make_ade_demo(str(data), num_train=2, num_val=2, size=128, seed=3)
@@ -420,16 +416,18 @@ def test_mim_train_and_test_run_the_tools(install, request, tmp_path):
                str(work), '--vis-backend', 'local', 'tensorboard', *opts, cwd=tmp_path)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-3000:]
-    assert re.search(r'\.mim/tools/train\.py', log), log[-3000:]
+    assert re.search(re.escape(str(installed)) + r'/deepvit_mm/\.mim/tools/train\.py', log), \
+        log[-3000:]
     assert glob.glob(str(work / '*' / 'vis_data' / 'events.out.tfevents.*')), log[-3000:]
     assert glob.glob(str(work / '*' / 'vis_data' / 'scalars.json'))
     ckpt = work / 'iter_2.pth'
     assert ckpt.is_file()
-    run = _mim(installed, 'test', 'deepvit_mm', os.path.basename(DEMO_SEG), '--checkpoint',
+    run = _mim(ROOT, 'test', 'deepvit_mm', os.path.basename(DEMO_SEG), '--checkpoint',
                str(ckpt), '--work-dir', str(tmp_path / 'test'), *opts[:3], cwd=tmp_path)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-3000:]
     assert re.search(r'\.mim/tools/test\.py', log) and re.search(r'mIoU: \d+\.\d+', log), log[-3000:]
+    assert str(installed) not in log, log[-3000:]
 
 
 # ------------------------------------------------------------------------------ image demo

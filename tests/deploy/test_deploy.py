@@ -93,13 +93,17 @@ def test_export_runs_on_the_newest_stack_and_is_refused_at_once_elsewhere(tmp_pa
         export_onnx(None, str(tmp_path / 'y.onnx'), (64, 64))
 
 
-def _export_with_tool(cfg, checkpoint, out, *args) -> str:
+def _export_with_tool(cfg, checkpoint, out, *args, run=None) -> str:
     """``tools/deploy/export_onnx.py`` in a fresh process (its own verification skipped: the
-    tests compare)."""
-    cmd = [sys.executable, EXPORT_TOOL, cfg, str(checkpoint), '--out', str(out), '--dynamic',
-           '--shape', str(SIZES[0][0]), str(SIZES[0][1]), '--no-verify', *args]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1'))
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    tests compare), or through ``run`` (the ``in_process`` fixture) in this one."""
+    argv = [cfg, str(checkpoint), '--out', str(out), '--dynamic', '--shape', str(SIZES[0][0]),
+            str(SIZES[0][1]), '--no-verify', *args]
+    if run is not None:
+        res = run(EXPORT_TOOL, *argv, cwd=ROOT)
+    else:
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1'))
+        res = subprocess.run([sys.executable, EXPORT_TOOL, *argv], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert os.path.isfile(out)
     return str(out)
@@ -244,11 +248,12 @@ def _preprocess(model, img: np.ndarray):
 
 @exports
 @pytest.mark.slow
-def test_detector_export_tool_matches_mmdet_boxes_on_held_out_images(tmp_path):
+def test_detector_export_tool_matches_mmdet_boxes_on_held_out_images(tmp_path, in_process):
     """Boxes scoring above 0.3 in mmdet's own ``predict`` (mmcv's RoIAlign and NMS) are found by
     the exported file with the same label and IoU > 0.95, one to one, on the held-out demo
     images at their size and resized to another; their mask probabilities agree with mmdet's mask
-    head's (within 1e-3) on those boxes."""
+    head's (within 1e-3) on those boxes. The tool runs in this process (the segmentor's test
+    starts it as one); ~30-40 s: the detector's export."""
     from mmdet.structures.bbox import bbox2roi
     data = make_shapes_coco(str(tmp_path / 'shapes'), num_train=1, num_val=4, size=128, seed=3)
     images = sorted(glob.glob(os.path.join(data['root'], 'val', '*.png')))
@@ -264,7 +269,7 @@ def test_detector_export_tool_matches_mmdet_boxes_on_held_out_images(tmp_path):
     ckpt = _save(model, tmp_path / 'detector.pth')
     path = _export_with_tool(DET_CFG, ckpt, tmp_path / 'detector.onnx', '--cfg-options',
                              'model.backbone.arch=nano_12_p16',
-                             'model.backbone.out_indices=(0,1,2,3)')
+                             'model.backbone.out_indices=(0,1,2,3)', run=in_process)
     session = onnxruntime_session(path)
     assert [o.name for o in session.get_outputs()] == ['dets', 'labels', 'masks']
     totals = dict(reference=0, exported=0, matched=0)

@@ -148,7 +148,7 @@ def test_a_second_set_up_returns_at_once_unless_the_environment_changed(tree, tm
     python.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != 'PYTHON'}
     env.update(VIRTUAL_ENV=str(venv), STACK='newest' if _takes('newest', HERE) else 'torch2.1')
-    want = subprocess.run(['bash', '-c', f'cat requirements/*.txt setup.py deepvit_mm/version.py'
+    want = subprocess.run(['bash', '-c', 'cat requirements/*.txt setup.py deepvit_mm/version.py'
                            ' | sha256sum | cut -c1-16'], cwd=tree, capture_output=True,
                           text=True, check=True).stdout.strip()
 

@@ -22,7 +22,7 @@ import torch.nn as nn
 from ...compat.torch import autocast_enabled
 from ...tracing import in_graph_capture
 
-__all__ = ['check_arguments', 'check_out_indices', 'check_window_arguments', 'check_input',
+__all__ = ['check_arguments', 'check_out_indices', 'check_input',
            'check_finite', 'free_memory']
 
 
@@ -53,22 +53,6 @@ def check_out_indices(name: str, arch: str, out_indices, depth: int, default: Se
         raise ValueError(f'{name}: {len(idx)} out_indices {idx} for {len(out_strides)} out_strides '
                          f'{tuple(out_strides)}: give one tap per level.')
     return idx
-
-
-def check_window_arguments(name: str, window_size, global_blocks) -> None:
-    """ViTDet's windows (CaiT, ViT): ``window_size`` 0 or a positive int, ``global_blocks`` only
-    with windows; else ``ValueError`` saying what to pass.
-
-    Args:
-        name (str): The backbone's class name, for the messages.
-        window_size, global_blocks: As given to the backbone.
-    """
-    if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 0:
-        raise ValueError(f'{name}: window_size={window_size!r} must be 0 (global attention) or a '
-                         'positive number of patches, e.g. 14.')
-    if not window_size and global_blocks is not None:
-        raise ValueError(f'{name}: global_blocks={tuple(global_blocks)} needs window_size > 0 '
-                         '(without windows every block is global).')
 
 
 def check_arguments(name: str, drop_path_rate, norm_cfg, frozen_stages) -> None:

@@ -281,24 +281,29 @@ def test_registered_in_both_libraries(registry):
 
 # ------------------------------------------------------------------------------ ViTDet's windows
 def test_windowed_attention_is_timms_attention_on_each_window():
+    """A windowed block's attention takes the token grid (from its input's shape, nothing set on
+    it per call) and is timm's attention on each window; a global block's on the whole grid."""
     m = randomize_(TimmViT(SMALLEST['TimmViT'], window_size=4, out_indices=EARLY)).eval()
     assert m.global_blocks == (2,) and m.trunk.num_prefix_tokens == 0
-    windowed = m.trunk.blocks[0].attn
-    assert type(windowed).__name__ == 'WindowedAttention'
-    assert type(m.trunk.blocks[2].attn).__name__ == 'Attention'
+    windowed, whole = m.trunk.blocks[0].attn, m.trunk.blocks[2].attn
+    assert type(windowed).__name__ == type(whole).__name__ == 'WindowedAttention'
+    assert (windowed.window_size, whole.window_size) == (4, 0)
+    assert set(vars(windowed)) == set(vars(whole))  # no state beyond timm's and the window size
     # a 6 x 10 grid in 4 x 4 windows: padded to 8 x 12, 2 x 3 windows
-    x = torch.randn(2, 6 * 10, m.embed_dim)
-    windowed.grid = (6, 10)
+    x = torch.randn(2, 6, 10, m.embed_dim)
+    attention = timm.models.vision_transformer.Attention.forward
     with torch.no_grad():
         got = windowed(x)
-        grid = torch.nn.functional.pad(x.view(2, 6, 10, -1), (0, 0, 0, 2, 0, 2))
+        grid = torch.nn.functional.pad(x, (0, 0, 0, 2, 0, 2))
         want = torch.empty_like(grid)
         for i in range(0, 8, 4):
             for j in range(0, 12, 4):
                 win = grid[:, i:i + 4, j:j + 4].reshape(2, 16, -1)
-                want[:, i:i + 4, j:j + 4] = timm.models.vision_transformer.Attention.forward(
-                    windowed, win).view(2, 4, 4, -1)
-    torch.testing.assert_close(got, want[:, :6, :10].reshape(2, 60, -1), rtol=1e-5, atol=1e-6)
+                want[:, i:i + 4, j:j + 4] = attention(windowed, win).view(2, 4, 4, -1)
+        torch.testing.assert_close(got, want[:, :6, :10], rtol=1e-5, atol=1e-6)
+        assert torch.equal(whole(x), attention(whole, x.reshape(2, 60, -1)).view(x.shape))
+        tokens = x.reshape(2, 60, -1)  # tokens: timm's attention itself
+        assert torch.equal(windowed(tokens), attention(windowed, tokens))
 
 
 def test_windowed_vit_trains_and_checkpoints_like_the_global_one():

@@ -45,8 +45,8 @@ from timm.models.cait import Cait, LayerScaleBlock, checkpoint_filter_fn
 
 from ....registry import register_model
 from ....tracing import capturing_for_other_sizes
-from ..checks import check_window_arguments
 from ..columnar import ArchSpec, ColumnarArgs, ColumnarBackbone, count_blocks
+from ..windows import check_windows, forward_grid
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 
 __all__ = ['CaiT']
@@ -153,9 +153,9 @@ class CaiT(ColumnarBackbone):
     def parse_args(cls, arch: str, *, img_size: Optional[int] = None, window_size: int = 0,
                    global_blocks: Optional[Sequence[int]] = None, **kwargs) -> ColumnarArgs:
         img_size = cls._check_img_size(arch, img_size)
-        check_window_arguments('CaiT', window_size, global_blocks)
         args = super().parse_args(arch, **kwargs)
-        window_size, global_blocks = cls._check_windows(args, window_size, global_blocks)
+        window_size, global_blocks = check_windows('CaiT', args.arch, window_size, global_blocks,
+                                                   args.kept_blocks, default=args.out_indices)
         return args.with_family(img_size=img_size, window_size=window_size,
                                 global_blocks=global_blocks)
 
@@ -190,21 +190,6 @@ class CaiT(ColumnarBackbone):
         if int(img_size) < 16:
             raise ValueError(f'CaiT: img_size={img_size} is smaller than one 16x16 patch.')
         return int(img_size)
-
-    @staticmethod
-    def _check_windows(args: ColumnarArgs, window_size,
-                       global_blocks) -> Tuple[int, Tuple[int, ...]]:
-        n = args.kept_blocks
-        if not window_size:
-            return 0, tuple(range(n))
-        if global_blocks is None:
-            return window_size, tuple(args.out_indices)
-        idx = tuple(int(i) for i in global_blocks)
-        if any(i < 0 or i >= n for i in idx) or list(idx) != sorted(set(idx)):
-            raise ValueError(f'CaiT({args.arch}): global_blocks {tuple(global_blocks)} must be '
-                             f'strictly increasing 0-based block indices in [0, {n - 1}] '
-                             f'(the default is out_indices {args.out_indices}).')
-        return window_size, idx
 
     def _stem_parameters(self) -> List[nn.Parameter]:
         return [self.trunk.pos_embed]  # the learned position embedding
@@ -335,15 +320,10 @@ class CaiT(ColumnarBackbone):
         trunk = self.trunk
         x = trunk.patch_embed(x) + self.pos_embed_for(grid)
         x = trunk.pos_drop(x).reshape(B, grid[0], grid[1], -1)
-        taps, take = [], set(self.out_indices)
-        for i, blk in enumerate(trunk.blocks):
-            if trunk.grad_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
-            else:
-                x = blk(x)
-            if i in take:
-                taps.append(x.permute(0, 3, 1, 2).contiguous())
-        return taps
+        take = set(self.out_indices)
+        return [y.permute(0, 3, 1, 2).contiguous()  # each map as its block ends
+                for i, y in enumerate(forward_grid(trunk.blocks, x, trunk.grad_checkpointing))
+                if i in take]
 
     # ----------------------------------------------------------------- weights
     @classmethod

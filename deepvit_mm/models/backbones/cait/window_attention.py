@@ -1,18 +1,14 @@
-"""timm's talking-heads attention on a token grid: global, or within windows (ViTDet style).
+"""timm's talking-heads attention on a token grid, global or within ViTDet's windows, its queries
+in chunks.
 
 CaiT's self-attention (Touvron et al., "Going deeper with Image Transformers", ICCV 2021) is
 talking-heads attention over all patch tokens, quadratic in their number: at 800x1344 a /16 grid
-has 4,200 tokens and every block holds several ``heads x 4200 x 4200`` maps. ViTDet (Li et al.,
-"Exploring Plain Vision Transformer Backbones for Object Detection", ECCV 2022) keeps a few blocks
-global and lets the others attend within non-overlapping windows, padding the grid to a multiple
-of the window.
+has 4,200 tokens and every block holds several ``heads x 4200 x 4200`` maps; windows
+(``..windows``, ViTDet's, shared with ``TimmViT``) bound them.
 
 ``GridTalkingHeadAttn`` is timm's ``TalkingHeadAttn`` (same parameters and state-dict keys, so every
-CaiT checkpoint loads unchanged) whose ``forward`` also accepts a ``(B, H, W, C)`` grid: it flattens
-the grid (``window_size=0``) or cuts it into windows with timm's ``window_partition`` /
-``window_unpartition`` (SAM's ViTDet helpers) and runs timm's own attention on the result; the
-attention math is never copied. Pass it to timm's ``Cait(attn_block=...)`` and set ``window_size``
-per block.
+CaiT checkpoint loads unchanged) with ``..windows.GridAttention``'s grid: pass it to timm's
+``Cait(attn_block=...)`` and set ``window_size`` per block.
 
 **Query chunks** (``talking_heads_chunked``): timm materialises every ``heads x N x N`` map several
 times over (the logits, their head-mixed and softmaxed versions, and the channels-last copies its
@@ -25,9 +21,9 @@ from typing import Optional
 
 import torch
 from timm.models.cait import TalkingHeadAttn
-from timm.models.vision_transformer_sam import window_partition, window_unpartition
 
 from ....tracing import capturing_for_other_sizes
+from ..windows import GridAttention
 
 __all__ = ['GridTalkingHeadAttn', 'talking_heads_chunked', 'default_query_chunk',
            'CPU_QUERY_CHUNK']
@@ -84,12 +80,9 @@ def talking_heads_chunked(attn: TalkingHeadAttn, x: torch.Tensor, chunk: int) ->
     return attn.proj_drop(attn.proj(out.transpose(1, 2).reshape(B, N, C)))
 
 
-class GridTalkingHeadAttn(TalkingHeadAttn):
-    """timm's ``TalkingHeadAttn`` over a token grid, globally or in ``window_size`` windows.
-
-    As in ViTDet, a grid is zero-padded at the bottom/right to a multiple of the window, and the
-    padding tokens take part in the attention of their window; a grid that fits in one window is
-    attended globally, without padding.
+class GridTalkingHeadAttn(GridAttention, TalkingHeadAttn):
+    """timm's ``TalkingHeadAttn`` over a token grid, globally or in ``window_size`` windows
+    (``GridAttention``), its queries in chunks where that is faster (``query_chunk``).
 
     Args:
         *args: ``TalkingHeadAttn``'s (``dim``, ``num_heads``, ``qkv_bias``, ...).
@@ -111,26 +104,7 @@ class GridTalkingHeadAttn(TalkingHeadAttn):
             chunk = default_query_chunk(x.device)
         if chunk and x.shape[1] > chunk and (not self.training or not self.attn_drop.p):
             return talking_heads_chunked(self, x, chunk)
-        return super().forward(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Args:
-            x (Tensor): ``(B, H, W, C)`` grid of tokens, or ``(B, N, C)`` tokens (then exactly
-                timm's global attention; ``window_size`` needs the grid).
-
-        Returns:
-            Tensor: same shape as ``x``.
-        """
-        if x.dim() == 3:
-            return self._attend(x)
-        B, H, W, C = x.shape
-        ws = self.window_size
-        if not ws or (H <= ws and W <= ws):
-            return self._attend(x.reshape(B, H * W, C)).reshape(B, H, W, C)
-        windows, pad_hw = window_partition(x, ws)  # (B * nW, ws, ws, C)
-        out = self._attend(windows.reshape(-1, ws * ws, C))
-        return window_unpartition(out.reshape(-1, ws, ws, C), ws, (H, W), pad_hw)
+        return TalkingHeadAttn.forward(self, x)
 
     def extra_repr(self) -> str:
-        attn = f'window_size={self.window_size}' if self.window_size else 'global'
-        return f'{attn}, query_chunk={self.query_chunk!r}'
+        return f'{super().extra_repr()}, query_chunk={self.query_chunk!r}'

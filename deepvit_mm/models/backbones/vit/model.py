@@ -45,9 +45,9 @@ from ....compat.torch import sdpa_takes_float_masks_under_autocast
 from ....registry import register_model
 from ....utils import meta_device
 from ..cait.model import even_taps
-from ..checks import check_window_arguments
 from ..columnar import ArchSpec, ColumnarArgs, ColumnarBackbone, count_blocks
-from .window_attention import WindowedAttention, use_windows
+from ..windows import check_windows, forward_grid
+from .window_attention import use_windows
 
 __all__ = ['TimmArchTable', 'TimmColumnar', 'TimmViT', 'TimmEVA', 'TimmBEiT', 'vitdet_drop_path']
 
@@ -187,9 +187,14 @@ class TimmColumnar(ColumnarBackbone):
                                                stop_early=True, intermediates_only=True)
         finally:
             trunk.grad_checkpointing = checkpointing
+        return self._at_tap_stride(taps, x.shape[-2:])
+
+    def _at_tap_stride(self, taps: List[torch.Tensor], size) -> List[torch.Tensor]:
+        """The taps of an input of ``size`` (its height and width), on the grid of ``tap_stride``
+        (resampled from the patch grid where the patch is not a power of two)."""
         if self.tap_stride == self.patch_size:
             return list(taps)
-        size = (-(-x.shape[-2] // self.tap_stride), -(-x.shape[-1] // self.tap_stride))
+        size = (-(-size[0] // self.tap_stride), -(-size[1] // self.tap_stride))
         return [F.interpolate(t, size=size, mode='bilinear', align_corners=False) for t in taps]
 
     def _apply_fast_path(self, mode) -> None:
@@ -255,11 +260,9 @@ class TimmViT(TimmColumnar):
     @classmethod
     def parse_args(cls, arch: str, *, window_size: int = 0,
                    global_blocks: Optional[Sequence[int]] = None, **kwargs) -> ColumnarArgs:
-        check_window_arguments('TimmViT', window_size, global_blocks)
         args = super().parse_args(arch, **kwargs)
-        blocks = tuple(range(args.kept_blocks))
-        if window_size:
-            blocks = cls._check_global_blocks(args, global_blocks)
+        window_size, blocks = check_windows('TimmViT', args.arch, window_size, global_blocks,
+                                            args.kept_blocks, default=cls._vitdet_global(args))
         return args.with_family(window_size=window_size, global_blocks=blocks)
 
     @property
@@ -273,16 +276,10 @@ class TimmViT(TimmColumnar):
         return self.args.family['global_blocks']
 
     @staticmethod
-    def _check_global_blocks(args: ColumnarArgs, global_blocks) -> Tuple[int, ...]:
-        n, depth = args.kept_blocks, args.spec.depth
-        if global_blocks is None:  # ViTDet: the last block of each quarter of the full trunk
-            q = depth // 4
-            return tuple(i for i in (q - 1, 2 * q - 1, 3 * q - 1, depth - 1) if i < n)
-        idx = tuple(int(i) for i in global_blocks)
-        if any(i < 0 or i >= n for i in idx) or list(idx) != sorted(set(idx)):
-            raise ValueError(f'TimmViT({args.arch}): global_blocks {tuple(global_blocks)} must be '
-                             f'strictly increasing 0-based block indices in [0, {n - 1}].')
-        return idx
+    def _vitdet_global(args: ColumnarArgs) -> Tuple[int, ...]:
+        """ViTDet's global blocks: the last of each quarter of the full trunk, where built."""
+        q, depth = args.spec.depth // 4, args.spec.depth
+        return tuple(i for i in (q - 1, 2 * q - 1, 3 * q - 1, depth - 1) if i < args.kept_blocks)
 
     def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
         window_size = args.family['window_size']
@@ -298,21 +295,28 @@ class TimmViT(TimmColumnar):
             raise ValueError(f'TimmViT({args.spec.timm}): window_size needs a trunk of patch '
                              f'tokens only, and this one keeps {trunk.num_prefix_tokens} (a '
                              'distillation token): use window_size=0 or another ViT.')
-        for i, blk in enumerate(trunk.blocks):
-            if i not in args.family['global_blocks']:
-                try:
-                    use_windows(blk.attn, window_size)
-                except TypeError as e:
-                    raise ValueError(f'TimmViT({args.arch}): {e}') from e
+        for i, blk in enumerate(trunk.blocks):  # the tokens go through them as a grid
+            try:
+                use_windows(blk.attn, 0 if i in args.family['global_blocks'] else window_size)
+            except TypeError as e:
+                raise ValueError(f'TimmViT({args.arch}): {e}') from e
         return trunk
 
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
-        if self.window_size:  # timm's blocks pass tokens only: the windows need the grid
-            grid = (-(-x.shape[-2] // self.patch_size), -(-x.shape[-1] // self.patch_size))
-            for blk in self.trunk.blocks:
-                if isinstance(blk.attn, WindowedAttention):
-                    blk.attn.grid = grid
-        return super()._forward_taps(x)
+        if not self.window_size:
+            return super()._forward_taps(x)
+        # timm's forward_intermediates, the tokens kept as a (B, h, w, C) grid for the windows
+        trunk, size = self.trunk, x.shape[-2:]
+        x = trunk.patch_embed(x)  # (B, h, w, C): dynamic_img_size
+        B, h, w, C = x.shape
+        x = trunk.norm_pre(trunk.patch_drop(trunk._pos_embed(x))).reshape(B, h, w, C)
+        take = set(self.out_indices)
+        taps = [y for i, y in enumerate(forward_grid(trunk.blocks, x, trunk.grad_checkpointing))
+                if i in take]
+        # the maps once every block has run, as timm makes them (the order in which autograd
+        # sums a block output's gradients, hence their rounding, follows it)
+        taps = [y.permute(0, 3, 1, 2).contiguous() for y in taps]
+        return self._at_tap_stride(taps, size)
 
     # ----------------------------------------------------------------- weights
     def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

@@ -37,7 +37,13 @@ def state():
 before = state()
 import deepvit_mm
 after = state()
-print(json.dumps(dict(before=before, after=after)))
+# what the import read of the architecture tables: nothing (the names when a table is first
+# looked into, an arch's timm model when it is asked for)
+from deepvit_mm import ColumnarBackbone
+from deepvit_mm.models.backbones.arch_table import read_timm_arch
+tables = [f.__name__ for f in ColumnarBackbone.families if '_names' in vars(f.arch_zoo)]
+print(json.dumps(dict(before=before, after=after, families=len(ColumnarBackbone.families),
+                      tables_read=tables, timm_models_read=read_timm_arch.cache_info().currsize)))
 """
 
 
@@ -54,9 +60,12 @@ def _probe(keep: bool) -> dict:
 
 @pytest.mark.parametrize('keep', [False, True], ids=['default', 'keep_mmengine_loader'])
 def test_import_changes_only_what_it_lists(keep):
-    """``import deepvit_mm`` in a fresh process changes only what docs list. ~5-10 s: the process."""
+    """``import deepvit_mm`` in a fresh process changes only what docs list, and reads no
+    architecture table. ~5-10 s: the process."""
     got = _probe(keep)
     before, after = got['before'], got['after']
+    # no architecture table read
+    assert got['families'] >= 5 and got['tables_read'] == [] and got['timm_models_read'] == 0, got
     # the config package: always, and for the name deepvit_mm only
     assert after['packages'] == sorted(before['packages'] + ['deepvit_mm'])
     for name in ('get_installed_path', 'is_installed', 'hub_get_installed_path',

@@ -34,7 +34,7 @@ from .measure import (
     torch_threads,
 )
 from .memory import peak_memory
-from .models import build_backbone
+from .models import build_backbone, speed_options
 from .roofline import device_rates, pass_cost
 from .roofline import roofline as roofline_of
 
@@ -151,7 +151,7 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
         x = backbone_input(size, batch, device)
         out = dict(model=arch, label=arch, size=tuple(size), batch=batch, device=device,
                    threads=torch.get_num_threads(), warmup=warmup, repeats=repeats,
-                   speed_options=ours.speed_options(), baselines=list(baselines),
+                   speed_options=speed_options(ours), baselines=list(baselines),
                    compiled=bool(compile))
         rates = {}
         if roofline:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 import torch.nn as nn
 
-from .models import load_config
+from .models import load_config, reference_forward
 from .report import fmt, markdown_table, size_str
 
 __all__ = ['DEFAULT_SHAPES', 'Part', 'FlopsReport', 'count_macs', 'attention_macs',
@@ -211,11 +211,7 @@ def _params(m: Optional[nn.Module]) -> int:
 def _counting_backbone(backbone: nn.Module) -> Iterator[None]:
     """The backbone as its architecture computes it: a deepvit_mm backbone runs timm's forward
     (the multiply-adds the papers count) rather than its faster path, restored afterwards."""
-    from deepvit_mm.models.backbones import ColumnarBackbone
-    if not isinstance(backbone, ColumnarBackbone):
-        yield
-        return
-    with backbone.reference_forward():
+    with reference_forward(backbone):
         yield
 
 

@@ -7,8 +7,9 @@
   ``build_from_config`` (mmdet's or mmseg's ``MODELS`` by the config's ``default_scope``, no
   weights file, SyncBN reverted to BN), as ONNX export builds it.
 """
+import contextlib
 import os
-from typing import Tuple, Type
+from typing import Dict, Iterator, Tuple, Type, Union
 
 import torch.nn as nn
 
@@ -16,7 +17,7 @@ from deepvit_mm.apis.config import build_from_config, load_config, num_classes_o
 
 __all__ = ['is_config', 'model_label', 'backbone_family', 'build_backbone', 'load_config',
            'build_from_config', 'num_classes_of', 'padded_size',
-           'backbone_info']
+           'backbone_info', 'speed_options', 'reference_forward']
 
 
 def is_config(model: str) -> bool:
@@ -72,3 +73,26 @@ def padded_size(backbone: nn.Module, size: Tuple[int, int]) -> Tuple[int, int]:
     """The input size the backbone's trunk sees (``ColumnarBackbone._padded_size`` when
     ``pad_input``)."""
     return backbone._padded_size(*size) if getattr(backbone, 'pad_input', True) else tuple(size)
+
+
+def speed_options(backbone: nn.Module) -> Dict[str, Union[bool, str]]:
+    """The family's switch of its faster forward as a config sets it (``{'gram_xca': 'auto'}``);
+    empty for a family with none (``fast_path_name``)."""
+    name = getattr(backbone, 'fast_path_name', '')
+    return {name: getattr(backbone, name)} if name else {}
+
+
+@contextlib.contextmanager
+def reference_forward(backbone: nn.Module) -> Iterator[None]:
+    """Inside the block the backbone runs timm's own forward (its family's faster forward off: the
+    multiply-adds the papers count); the switch is restored after."""
+    name = getattr(backbone, 'fast_path_name', '')
+    if not name:
+        yield
+        return
+    mode = getattr(backbone, name)
+    setattr(backbone, name, False)
+    try:
+        yield
+    finally:
+        setattr(backbone, name, mode)

@@ -45,7 +45,7 @@ def parse_args():
 def run(args, sharded: bool, work: str, data: str) -> list:
     from deepvit_mm import CaiT, XCiT
     family = dict(CaiT=CaiT, XCiT=XCiT)[args.type]
-    embed = family.arch_zoo[family.resolve_arch(args.arch)]['embed_dim']
+    embed = family.arch_zoo[family.resolve_arch(args.arch)].embed_dim
     cfg = os.path.join(work, 'cfg.py')
     bases = [os.path.abspath(args.config)] + ([FSDP] if sharded else [])
     with open(cfg, 'w') as f:

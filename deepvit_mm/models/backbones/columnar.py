@@ -5,7 +5,6 @@ different: the architecture table, how to build the timm trunk, how to take the 
 convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_eval``,
 ``with_cp`` and weight loading live here once.
 """
-import contextlib
 import dataclasses
 import difflib
 import re
@@ -15,7 +14,6 @@ from typing import (
     ClassVar,
     Dict,
     Iterable,
-    Iterator,
     List,
     Mapping,
     NamedTuple,
@@ -35,6 +33,7 @@ from mmengine.model import BaseModule
 from ...compat.timm import drop_pruned_classifier_parameters
 from ...compat.torch import BatchNormBase, autocast_enabled
 from ...tracing import in_graph_capture
+from .arch_table import ArchSpec
 from .checks import check_arguments, check_finite, check_input, check_out_indices, free_memory
 from .columnar_pyramid import PAPER_STRIDES, ColumnarPyramid
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
@@ -84,16 +83,6 @@ def paper_taps(name: str, taps: Sequence[int], out_strides: Sequence[int]) -> Tu
     return tuple(taps[PAPER_STRIDES.index(s)] for s in strides)
 
 
-class ArchSpec(dict):
-    """One row of an architecture table: ``timm`` (model name) plus the paper's settings."""
-
-    def __getattr__(self, name):
-        try:
-            return self[name]
-        except KeyError as e:
-            raise AttributeError(name) from e
-
-
 @dataclasses.dataclass(frozen=True)
 class ColumnarArgs:
     """A backbone's arguments, checked, and what they fix (``ColumnarBackbone.parse_args``): the
@@ -119,7 +108,7 @@ class ColumnarArgs:
     def tap_stride(self) -> int:
         """The stride of the taps the adapter rescales: the patch size, or for a patch size that
         is not a power of two (14) the next one, the taps resampled to it."""
-        return self.spec.get('tap_stride', self.spec.patch_size)
+        return self.spec.tap_stride
 
     @property
     def pad_to(self) -> int:
@@ -202,7 +191,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             segmentors pass ``model.pretrained`` down). Default: None.
         trunk_kwargs: Passed to the timm model (e.g. ``attn_drop_rate``).
     """
-    arch_zoo: ClassVar[Dict[str, ArchSpec]] = {}
+    arch_zoo: ClassVar[Mapping[str, ArchSpec]] = {}
     name_pattern: ClassVar[str] = ''
     #: the timm trunk's classification parts, which a dense backbone never builds: checkpoint
     #: tensors under them are dropped on purpose
@@ -221,7 +210,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.arch_zoo:
+        if cls.arch_zoo is not ColumnarBackbone.arch_zoo:  # a table: a family (nothing read)
             ColumnarBackbone.families.append(cls)
 
     def __init__(self, arch: str, *, init_cfg: Optional[dict] = None,
@@ -503,7 +492,7 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         if traits is None:
             return None
         return next((name for name in cls._named_archs()
-                     if all(cls.arch_zoo[name][k] == v for k, v in traits.items())), None)
+                     if all(getattr(cls.arch_zoo[name], k) == v for k, v in traits.items())), None)
 
     def _apply_fast_path(self, mode: Union[bool, str]) -> None:
         """Make the trunk run as the family's switch (``fast_path_name``) says."""
@@ -530,22 +519,6 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                              f'or False, got {mode!r}')
         self._fast_path = mode if mode == 'auto' else bool(mode)
         self._apply_fast_path(self._fast_path)
-
-    def speed_options(self) -> Dict[str, Union[bool, str]]:
-        """The family's switch of its faster forward as a config sets it, e.g.
-        ``{'gram_xca': 'auto'}``."""
-        return {self.fast_path_name: self._fast_path}
-
-    @contextlib.contextmanager
-    def reference_forward(self) -> Iterator[None]:
-        """Inside the block the trunk runs timm's own forward (the family's faster forward off:
-        the multiply-adds the papers count); the switch is restored after."""
-        mode = self._fast_path
-        self._set_fast_path(False)
-        try:
-            yield
-        finally:
-            self._set_fast_path(mode)
 
     # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:

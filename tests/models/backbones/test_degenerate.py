@@ -107,7 +107,8 @@ def test_the_faster_forward_has_one_name_per_family(family, arch, name):
         assert not hasattr(m, other)
         with pytest.raises(TypeError, match=f"unexpected keyword argument '{other}'"):
             _build(family, arch, **{other: False})
-    assert m.speed_options() == {name: 'auto'}
-    with m.reference_forward():
+    from deepvit_tools.benchmark.models import reference_forward, speed_options
+    assert speed_options(m) == {name: 'auto'}
+    with reference_forward(m):
         assert getattr(m, name) is False
     assert getattr(m, name) == 'auto'

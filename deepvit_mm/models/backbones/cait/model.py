@@ -34,7 +34,7 @@ import math
 import re
 from collections import OrderedDict
 from functools import partial
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -45,7 +45,8 @@ from timm.models.cait import Cait, LayerScaleBlock, checkpoint_filter_fn
 
 from ....registry import register_model
 from ....tracing import capturing_for_other_sizes
-from ..columnar import ArchSpec, ColumnarArgs, ColumnarBackbone, count_blocks
+from ..arch_table import ArchTable
+from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks
 from ..windows import check_windows, forward_grid
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 
@@ -60,30 +61,29 @@ def even_taps(depth: int) -> Tuple[int, ...]:
     return tuple(depth * num // den - 1 for num, den in ((1, 3), (1, 2), (2, 3), (1, 1)))
 
 
-def _cait_zoo() -> Dict[str, ArchSpec]:
-    # name: (embed_dim, depth, drop_path_rate, LayerScale eps) from the paper's Tables 3 and 4;
-    # heads = embed_dim / 48 (section 4.3)
-    sizes = {
-        'xxs24': (192, 24, 0.05, 1e-5),
-        'xxs36': (192, 36, 0.1, 1e-6),
-        'xs24': (288, 24, 0.05, 1e-5),
-        'xs36': (288, 36, 0.1, 1e-6),
-        's24': (384, 24, 0.1, 1e-5),
-        's36': (384, 36, 0.2, 1e-6),
-        's48': (384, 48, 0.3, 1e-6),
-        'm24': (768, 24, 0.2, 1e-5),
-        'm36': (768, 36, 0.3, 1e-6),
-        'm48': (768, 48, 0.4, 1e-6),
-    }
-    # timm registers these sizes (at the resolutions of the official releases); XS36, S48 and M24
-    # have no timm name nor released weights and are built from the same `Cait` class.
-    timm_names = {'xxs24': 'cait_xxs24_224', 'xxs36': 'cait_xxs36_224', 'xs24': 'cait_xs24_384',
-                  's24': 'cait_s24_224', 's36': 'cait_s36_384', 'm36': 'cait_m36_384',
-                  'm48': 'cait_m48_448'}
-    return {name: ArchSpec(timm=timm_names.get(name), embed_dim=dim, depth=depth, patch_size=16,
-                           num_heads=dim // 48, drop_path_rate=dpr, eta=eta,
-                           out_indices=even_taps(depth))
-            for name, (dim, depth, dpr, eta) in sizes.items()}
+# The paper's settings of each arch (Tables 3 and 4): stochastic depth (uniform over blocks) and
+# LayerScale eps; timm's model where timm registers the arch (at the resolution of the official
+# release), else the paper's width and depth (XS36, S48, M24: no timm name nor released weights,
+# built from the same ``Cait`` class) with 16-pixel patches and a head per 48 channels (section 4.3)
+_CAIT_SETTINGS = {  # name: (timm name or (embed_dim, depth), drop_path_rate, eps)
+    'xxs24': ('cait_xxs24_224', 0.05, 1e-5),
+    'xxs36': ('cait_xxs36_224', 0.1, 1e-6),
+    'xs24': ('cait_xs24_384', 0.05, 1e-5),
+    'xs36': ((288, 36), 0.1, 1e-6),
+    's24': ('cait_s24_224', 0.1, 1e-5),
+    's36': ('cait_s36_384', 0.2, 1e-6),
+    's48': ((384, 48), 0.3, 1e-6),
+    'm24': ((768, 24), 0.2, 1e-5),
+    'm36': ('cait_m36_384', 0.3, 1e-6),
+    'm48': ('cait_m48_448', 0.4, 1e-6),
+}
+
+
+def _cait_settings(name: str, read: Dict[str, Any]) -> Dict[str, Any]:
+    model, drop_path_rate, eps = _CAIT_SETTINGS[name]
+    if not read:  # the paper's arch that timm has not
+        read = dict(embed_dim=model[0], depth=model[1], patch_size=16, num_heads=model[0] // 48)
+    return dict(read, drop_path_rate=drop_path_rate, eta=eps, out_indices=even_taps(read['depth']))
 
 
 @register_model
@@ -128,7 +128,8 @@ class CaiT(ColumnarBackbone):
             checkpoint.
         trunk_kwargs: More timm ``Cait`` arguments (``attn_drop_rate``, ``in_chans``...).
     """
-    arch_zoo = _cait_zoo()
+    arch_zoo = ArchTable(lambda: {n: (t if isinstance(t, str) else None)
+                                  for n, (t, _, _) in _CAIT_SETTINGS.items()}, _cait_settings)
     name_pattern = r'(?:cait_)?((?:xxs|xs|s|m)(?:24|36|48))(?:_(?:224|384|448))?'
 
     classifier_parts = ('cls_token', 'blocks_token_only', 'norm', 'head')

@@ -28,10 +28,8 @@ What differs between the families, and why it is written here:
 * **LayerScale** stays as each timm name builds it (``layer_scale_init`` overrides it where the
   model has LayerScale: DeiT III, DINOv2, BEiT).
 """
-import contextlib
-import functools
 import math
-from typing import ClassVar, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import timm
 import torch
@@ -43,9 +41,9 @@ from timm.models import beit, eva, vision_transformer
 from ....compat.timm import create_model
 from ....compat.torch import sdpa_takes_float_masks_under_autocast
 from ....registry import register_model
-from ....utils import meta_device
+from ..arch_table import ArchTable, tap_stride_for
 from ..cait.model import even_taps
-from ..columnar import ArchSpec, ColumnarArgs, ColumnarBackbone, count_blocks
+from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks
 from ..windows import check_windows, forward_grid
 from .window_attention import use_windows
 
@@ -58,15 +56,11 @@ def vitdet_drop_path(depth: int) -> float:
     return 0.1 if depth <= 12 else 0.4 if depth <= 24 else 0.5
 
 
-def _tap_stride(patch: int) -> int:
-    """The smallest power of two >= ``patch``: the stride the taps are resampled to."""
-    return 1 << (patch - 1).bit_length()
-
-
-class TimmArchTable(Mapping):
-    """The arch table of a timm family: every model name timm's ``modules`` register, each
-    ``ArchSpec`` read from the model built on the meta device (no memory, no initialisation)
-    when first asked for.
+class TimmArchTable(ArchTable):
+    """The arch table of a timm family: every model name timm's ``modules`` register (read when
+    the table is first looked into), with ViTDet's settings for the depth (stochastic depth,
+    ``vitdet_drop_path``; the taps at 1/3, 1/2, 2/3 and the end) and the taps resampled to a
+    power-of-two stride.
 
     Args:
         modules (tuple[str]): The timm modules, e.g. ``('vision_transformer', 'deit')``.
@@ -74,43 +68,15 @@ class TimmArchTable(Mapping):
 
     def __init__(self, *modules: str) -> None:
         self.modules = modules
-
-    @functools.cached_property
-    def _names(self) -> List[str]:
-        return sorted(n for m in self.modules for n in timm.list_models(module=m))
-
-    @functools.cached_property
-    def _name_set(self) -> frozenset:
-        return frozenset(self._names)
-
-    def __contains__(self, name) -> bool:
-        return name in self._name_set
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    def __getitem__(self, name: str) -> ArchSpec:
-        if name not in self:
-            raise KeyError(name)
-        return _spec(name)
+        super().__init__(
+            lambda: {n: n for n in sorted(n for m in modules for n in timm.list_models(module=m))},
+            _vitdet_settings)
 
 
-@functools.cache
-def _spec(name: str) -> ArchSpec:
-    with meta_device():
-        m = create_model(name, pretrained=False, num_classes=0)
-    patch = to_2tuple(m.patch_embed.patch_size)
-    if patch[0] != patch[1]:
-        raise ValueError(f'{name}: patches of {patch[0]}x{patch[1]} pixels; the pyramid takes square '
-                         'patches only.')
-    depth = len(m.blocks)
-    return ArchSpec(timm=name, embed_dim=m.embed_dim, depth=depth, patch_size=patch[0],
-                    tap_stride=_tap_stride(patch[0]), num_heads=m.blocks[0].attn.num_heads,
-                    img_size=tuple(to_2tuple(m.patch_embed.img_size)),
-                    drop_path_rate=vitdet_drop_path(depth), eta=None, out_indices=even_taps(depth))
+def _vitdet_settings(name: str, read: Dict[str, Any]) -> Dict[str, Any]:
+    depth = read['depth']
+    return dict(drop_path_rate=vitdet_drop_path(depth), eta=None, out_indices=even_taps(depth),
+                tap_stride=tap_stride_for(read['patch_size']))
 
 
 class TimmColumnar(ColumnarBackbone):
@@ -118,7 +84,7 @@ class TimmColumnar(ColumnarBackbone):
 
     Families set ``arch_zoo = TimmArchTable(<timm module>)``, ``classifier_parts``,
     ``checkpoint_filter``, ``block_type`` and ``trunk_options`` (what timm needs to take any
-    input size). Nothing here has a faster forward: ``speed_options()`` is empty.
+    input size). Nothing here has a faster forward (no ``fast_path_name``).
 
     Args:
         arch (str): timm's model name (a pretrained tag such as ``.augreg_in21k`` is ignored).
@@ -127,8 +93,6 @@ class TimmColumnar(ColumnarBackbone):
     """
     #: arguments of the timm model that every backbone of the family is built with
     trunk_options: ClassVar[Dict[str, object]] = {}
-    fast_path_name = ''
-
     @classmethod
     def _valid_archs(cls) -> str:
         examples = ', '.join(repr(n) for n in cls.examples)
@@ -138,13 +102,6 @@ class TimmColumnar(ColumnarBackbone):
 
     #: names for messages and docs
     examples: ClassVar[Tuple[str, ...]] = ()
-
-    def speed_options(self) -> Dict[str, object]:
-        return {}
-
-    @contextlib.contextmanager
-    def reference_forward(self) -> Iterator[None]:
-        yield  # timm's forward is the only one
 
     def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
         return self._create_trunk(args)
@@ -196,9 +153,6 @@ class TimmColumnar(ColumnarBackbone):
             return list(taps)
         size = (-(-size[0] // self.tap_stride), -(-size[1] // self.tap_stride))
         return [F.interpolate(t, size=size, mode='bilinear', align_corners=False) for t in taps]
-
-    def _apply_fast_path(self, mode) -> None:
-        pass
 
     @classmethod
     def state_dict_traits(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[Dict[str, int]]:

@@ -10,7 +10,7 @@ The Q/K/V embedding of XCA is an option (``qkv_cfg``): timm's linear layer by de
 non-linear SNE, P-SNE and F-SNE embeddings of "Non-linear Q, K, V embeddings" (``.qkv``).
 """
 import types
-from typing import Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 import timm
 import torch
@@ -18,32 +18,32 @@ import torch.nn as nn
 from timm.models.xcit import checkpoint_filter_fn
 
 from ....registry import register_model
-from ..columnar import ArchSpec, ColumnarArgs, ColumnarBackbone, count_blocks
+from ..arch_table import ArchTable
+from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks
 from .fast import xca_block_forward, xca_block_forward_auto
 from .qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
 
 __all__ = ['XCiT']
 
 
-def _xcit_zoo() -> Dict[str, ArchSpec]:
-    # (embed_dim, depth, drop_path_rate, LayerScale eta) from the paper's Tables 1 and B.1
-    sizes = {
-        'nano_12': (128, 12, 0.0, 1.0),
-        'tiny_12': (192, 12, 0.0, 1.0),
-        'tiny_24': (192, 24, 0.05, 1e-5),
-        'small_12': (384, 12, 0.05, 1.0),
-        'small_24': (384, 24, 0.1, 1e-5),
-        'medium_24': (512, 24, 0.15, 1e-5),
-        'large_24': (768, 24, 0.25, 1e-5),
-    }
-    zoo = {}
-    for size, (dim, depth, dpr, eta) in sizes.items():
-        for p in (8, 16):
-            zoo[f'{size}_p{p}'] = ArchSpec(
-                timm=f'xcit_{size}_p{p}_224', embed_dim=dim, depth=depth, patch_size=p,
-                drop_path_rate=0.3 if (size, p) == ('large_24', 8) else dpr, eta=eta,
-                out_indices=(3, 5, 7, 11) if depth == 12 else (7, 11, 15, 23))
-    return zoo
+# The paper's settings of each arch (Tables 1 and B.1; L24/8's from the official detection and
+# segmentation configs): stochastic depth (constant over blocks) and LayerScale eta; widths and
+# depths are timm's models'
+_XCIT_SETTINGS = {
+    'nano_12_p8': (0.0, 1.0), 'nano_12_p16': (0.0, 1.0),
+    'tiny_12_p8': (0.0, 1.0), 'tiny_12_p16': (0.0, 1.0),
+    'tiny_24_p8': (0.05, 1e-5), 'tiny_24_p16': (0.05, 1e-5),
+    'small_12_p8': (0.05, 1.0), 'small_12_p16': (0.05, 1.0),
+    'small_24_p8': (0.1, 1e-5), 'small_24_p16': (0.1, 1e-5),
+    'medium_24_p8': (0.15, 1e-5), 'medium_24_p16': (0.15, 1e-5),
+    'large_24_p8': (0.3, 1e-5), 'large_24_p16': (0.25, 1e-5),
+}
+
+
+def _xcit_settings(name: str, read: Dict[str, Any]) -> Dict[str, Any]:
+    drop_path_rate, eta = _XCIT_SETTINGS[name]
+    return dict(drop_path_rate=drop_path_rate, eta=eta,
+                out_indices=(3, 5, 7, 11) if read['depth'] == 12 else (7, 11, 15, 23))
 
 
 @register_model
@@ -82,7 +82,7 @@ class XCiT(ColumnarBackbone):
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)``.
         trunk_kwargs: More timm ``Xcit`` arguments (``attn_drop_rate``, ``in_chans``...).
     """
-    arch_zoo = _xcit_zoo()
+    arch_zoo = ArchTable(lambda: {n: f'xcit_{n}_224' for n in _XCIT_SETTINGS}, _xcit_settings)
     name_pattern = r'(?:xcit_)?((?:nano|tiny|small|medium|large)_(?:12|24)_p(?:8|16))' \
                    r'(?:_(?:224|384))?(?:_dist)?'
 

@@ -1,0 +1,110 @@
+"""Architecture tables: every family's arch names and what each one is.
+
+One mechanism for every family (``ArchTable``): what timm's model of an arch is (width, depth,
+patch, heads, resolution) is read from timm's registry, the model built on the meta device (no
+memory, no initialisation), and the paper's settings (stochastic depth, LayerScale, the taps) sit
+beside it; an arch the paper has and timm has not (CaiT's XS36, S48, M24) gives its dimensions
+with its settings. Nothing is read when the package is imported: the names when a family's table
+is first looked into, an arch's row when that arch is asked for.
+"""
+import dataclasses
+import functools
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
+
+from timm.layers import to_2tuple
+
+from ...compat.timm import create_model
+from ...utils import meta_device
+
+__all__ = ['ArchSpec', 'ArchTable', 'read_timm_arch', 'tap_stride_for']
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchSpec:
+    """One row of an architecture table.
+
+    Attributes:
+        timm (str, optional): timm's model name; None where timm has no such model.
+        embed_dim, depth, patch_size (int): Width, blocks, patch side.
+        drop_path_rate (float): The paper's stochastic depth.
+        eta (float, optional): The paper's LayerScale init; None: as timm builds the model.
+        out_indices (tuple[int]): The paper's taps for strides 4/8/16/32.
+        num_heads (int, optional): Attention heads, where the family builds its trunk with them.
+        tap_stride (int): The stride the taps are resampled to (the patch side where it is a
+            power of two).
+        img_size (tuple[int, int], optional): The resolution timm builds the model for, where the
+            family's trunk is built for one.
+    """
+    timm: Optional[str]
+    embed_dim: int
+    depth: int
+    patch_size: int
+    drop_path_rate: float
+    eta: Optional[float]
+    out_indices: Tuple[int, ...]
+    num_heads: Optional[int] = None
+    tap_stride: Optional[int] = None
+    img_size: Optional[Tuple[int, int]] = None
+
+    def __post_init__(self):
+        if self.tap_stride is None:
+            object.__setattr__(self, 'tap_stride', self.patch_size)
+
+
+def tap_stride_for(patch: int) -> int:
+    """The smallest power of two >= ``patch``: the stride the taps are resampled to."""
+    return 1 << (patch - 1).bit_length()
+
+
+@functools.cache
+def read_timm_arch(name: str) -> Dict[str, Any]:
+    """What timm's model ``name`` is: ``embed_dim``, ``depth``, ``patch_size``, ``num_heads``,
+    ``img_size``, read from the model built on the meta device."""
+    with meta_device():
+        m = create_model(name, pretrained=False, num_classes=0)
+    patch = to_2tuple(m.patch_embed.patch_size)
+    if patch[0] != patch[1]:
+        raise ValueError(f'{name}: patches of {patch[0]}x{patch[1]} pixels; the pyramid takes square '
+                         'patches only.')
+    return dict(embed_dim=m.embed_dim, depth=len(m.blocks), patch_size=patch[0],
+                num_heads=m.blocks[0].attn.num_heads,
+                img_size=tuple(to_2tuple(m.patch_embed.img_size)))
+
+
+class ArchTable(Mapping):
+    """A family's archs: name -> ``ArchSpec``.
+
+    Args:
+        names (callable): Returns each arch's timm name (None where timm has no such model), in
+            the table's order; called when the table is first looked into.
+        settings (callable): ``settings(name, read)`` -> the paper's settings of arch ``name``
+            (``drop_path_rate``, ``eta``, ``out_indices``; and ``embed_dim``, ``depth``,
+            ``patch_size``, ``num_heads`` where timm has no such model), given what timm's model
+            is (``read``: ``read_timm_arch``'s dict, empty where timm has none); called once an
+            arch.
+    """
+
+    def __init__(self, names: Callable[[], Mapping[str, Optional[str]]],
+                 settings: Callable[[str, Dict[str, Any]], Dict[str, Any]]) -> None:
+        self._read_names, self._settings = names, settings
+        self._specs: Dict[str, ArchSpec] = {}
+
+    @functools.cached_property
+    def _names(self) -> Dict[str, Optional[str]]:
+        return dict(self._read_names())
+
+    def __contains__(self, name) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __getitem__(self, name: str) -> ArchSpec:
+        if name not in self._specs:
+            timm_name = self._names[name]  # KeyError: not an arch of the table
+            read = read_timm_arch(timm_name) if timm_name is not None else {}
+            self._specs[name] = ArchSpec(timm=timm_name, **{**read, **self._settings(name, read)})
+        return self._specs[name]

@@ -16,7 +16,7 @@ from timm.layers import to_2tuple
 from ...compat.timm import create_model
 from ...utils import meta_device
 
-__all__ = ['ArchSpec', 'ArchTable', 'read_timm_arch', 'tap_stride_for']
+__all__ = ['ArchSpec', 'ArchTable', 'read_timm_arch']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,8 +30,6 @@ class ArchSpec:
         eta (float, optional): The paper's LayerScale init; None: as timm builds the model.
         out_indices (tuple[int]): The paper's taps for strides 4/8/16/32.
         num_heads (int, optional): Attention heads, where the family builds its trunk with them.
-        tap_stride (int): The stride the taps are resampled to (the patch side where it is a
-            power of two).
         img_size (tuple[int, int], optional): The resolution timm builds the model for, where the
             family's trunk is built for one.
     """
@@ -43,12 +41,12 @@ class ArchSpec:
     eta: Optional[float]
     out_indices: Tuple[int, ...]
     num_heads: Optional[int] = None
-    tap_stride: Optional[int] = None
     img_size: Optional[Tuple[int, int]] = None
 
-    def __post_init__(self):
-        if self.tap_stride is None:
-            object.__setattr__(self, 'tap_stride', self.patch_size)
+    @property
+    def tap_stride(self) -> int:
+        """The stride the taps are resampled to: the patch side, or the next power of two."""
+        return tap_stride_for(self.patch_size)
 
 
 def tap_stride_for(patch: int) -> int:

@@ -81,9 +81,10 @@ _CAIT_SETTINGS = {  # name: (timm name or (embed_dim, depth), drop_path_rate, ep
 
 def _cait_settings(name: str, read: Dict[str, Any]) -> Dict[str, Any]:
     model, drop_path_rate, eps = _CAIT_SETTINGS[name]
-    if not read:  # the paper's arch that timm has not
-        read = dict(embed_dim=model[0], depth=model[1], patch_size=16, num_heads=model[0] // 48)
-    return dict(read, drop_path_rate=drop_path_rate, eta=eps, out_indices=even_taps(read['depth']))
+    paper = {} if read else dict(embed_dim=model[0], depth=model[1], patch_size=16,
+                                 num_heads=model[0] // 48)  # the paper's arch that timm has not
+    return dict(paper, drop_path_rate=drop_path_rate, eta=eps,
+                out_indices=even_taps((read or paper)['depth']))
 
 
 @register_model

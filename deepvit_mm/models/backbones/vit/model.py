@@ -41,7 +41,7 @@ from timm.models import beit, eva, vision_transformer
 from ....compat.timm import create_model
 from ....compat.torch import sdpa_takes_float_masks_under_autocast
 from ....registry import register_model
-from ..arch_table import ArchTable, tap_stride_for
+from ..arch_table import ArchTable
 from ..cait.model import even_taps
 from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks
 from ..windows import check_windows, forward_grid
@@ -59,8 +59,7 @@ def vitdet_drop_path(depth: int) -> float:
 class TimmArchTable(ArchTable):
     """The arch table of a timm family: every model name timm's ``modules`` register (read when
     the table is first looked into), with ViTDet's settings for the depth (stochastic depth,
-    ``vitdet_drop_path``; the taps at 1/3, 1/2, 2/3 and the end) and the taps resampled to a
-    power-of-two stride.
+    ``vitdet_drop_path``; the taps at 1/3, 1/2, 2/3 and the end).
 
     Args:
         modules (tuple[str]): The timm modules, e.g. ``('vision_transformer', 'deit')``.
@@ -75,8 +74,7 @@ class TimmArchTable(ArchTable):
 
 def _vitdet_settings(name: str, read: Dict[str, Any]) -> Dict[str, Any]:
     depth = read['depth']
-    return dict(drop_path_rate=vitdet_drop_path(depth), eta=None, out_indices=even_taps(depth),
-                tap_stride=tap_stride_for(read['patch_size']))
+    return dict(drop_path_rate=vitdet_drop_path(depth), eta=None, out_indices=even_taps(depth))
 
 
 class TimmColumnar(ColumnarBackbone):
@@ -93,6 +91,7 @@ class TimmColumnar(ColumnarBackbone):
     """
     #: arguments of the timm model that every backbone of the family is built with
     trunk_options: ClassVar[Dict[str, object]] = {}
+
     @classmethod
     def _valid_archs(cls) -> str:
         examples = ', '.join(repr(n) for n in cls.examples)

@@ -16,9 +16,12 @@ setup:
 
 # Generate the embedded demo data, train an XCiT Mask R-CNN on it, evaluate COCO bbox/segm mAP on
 # the held-out split, draw its predictions into $(DEMO_DIR)/<timestamp>/vis and say where.
-# OMP_WAIT_POLICY=PASSIVE: OpenMP threads sleep instead of spinning while they wait (on a machine
-# shared with other jobs, spinning threads made a step ~6x slower). Set it yourself to override.
-demo: export OMP_WAIT_POLICY ?= PASSIVE
+# OpenMP's own wait policy: its threads spin a while between parallel regions. With
+# OMP_WAIT_POLICY=PASSIVE (they sleep at once) each of a step's thousands of parallel regions waits
+# for a thread to wake, and the demo's 2-thread step took 0.92-1.02 s instead of 0.79-0.83 s on a
+# 2-core AMD EPYC (docs/training.md#threads-and-openmps-wait-policy). Where another job takes the
+# cores, spinning threads are slower (2.6 s against 1.2 s sleeping), and the demo config's
+# FastestStepHook then trains on 1 thread (1.1 s), which spins not at all.
 demo: setup
 	$(PY) tools/make_demo_data.py data/shapes
 	$(PY) tools/train.py $(DEMO_CFG) --work-dir $(DEMO_DIR)

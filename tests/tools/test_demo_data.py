@@ -107,3 +107,30 @@ def test_broken_datasets_refused_with_fix(tmp_path, breakage, expect):
     with pytest.raises(DatasetError, match=expect) as e:
         check_coco_dataset(str(root))
     assert 'make_demo_data.py' in str(e.value)  # says how to fix it
+
+
+@pytest.mark.parametrize('policy', [None, 'PASSIVE'])
+def test_make_demo_leaves_openmps_wait_policy_to_openmp_or_the_user(tmp_path, policy):
+    """``make demo``'s commands get OpenMP's own wait policy (a sleeping thread made the demo's
+    2-thread step ~20 % slower: docs/training.md#threads-and-openmps-wait-policy), or the one the
+    user set. Each command is run by a stand-in interpreter that records its environment."""
+    import shutil
+    import subprocess
+    if shutil.which('make') is None:
+        pytest.skip('no make on this machine')
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    log = tmp_path / 'seen.txt'
+    fake = tmp_path / 'python'
+    fake.write_text('#!/bin/sh\necho "${OMP_WAIT_POLICY-unset} $1" >> "%s"\n' % log)
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ('OMP_WAIT_POLICY', 'VIRTUAL_ENV')}
+    if policy:
+        env['OMP_WAIT_POLICY'] = policy
+    res = subprocess.run(['make', '-s', '-o', 'setup', 'demo', f'PY={fake}',
+                          f'DEMO_DIR={tmp_path / "work"}'], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = log.read_text().split('\n')[:-1]
+    assert [s.split()[1] for s in seen[:3]] == ['tools/make_demo_data.py', 'tools/train.py',
+                                               'tools/test.py'], seen
+    assert {s.split()[0] for s in seen} == {policy or 'unset'}, seen

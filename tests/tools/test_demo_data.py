@@ -121,7 +121,7 @@ def test_make_demo_leaves_openmps_wait_policy_to_openmp_or_the_user(tmp_path, po
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     log = tmp_path / 'seen.txt'
     fake = tmp_path / 'python'
-    fake.write_text('#!/bin/sh\necho "${OMP_WAIT_POLICY-unset} $1" >> "%s"\n' % log)
+    fake.write_text(f'#!/bin/sh\necho "${{OMP_WAIT_POLICY-unset}} $1" >> "{log}"\n')
     fake.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ('OMP_WAIT_POLICY', 'VIRTUAL_ENV')}
     if policy:

@@ -3,6 +3,7 @@ import json
 import os
 
 import pytest
+from conftest import ROOT
 
 from deepvit_tools.demo_data import SHAPE_CLASSES, DatasetError, check_coco_dataset, make_shapes_coco
 
@@ -118,7 +119,6 @@ def test_make_demo_leaves_openmps_wait_policy_to_openmp_or_the_user(tmp_path, po
     import subprocess
     if shutil.which('make') is None:
         pytest.skip('no make on this machine')
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     log = tmp_path / 'seen.txt'
     fake = tmp_path / 'python'
     fake.write_text(f'#!/bin/sh\necho "${{OMP_WAIT_POLICY-unset}} $1" >> "{log}"\n')
@@ -127,7 +127,7 @@ def test_make_demo_leaves_openmps_wait_policy_to_openmp_or_the_user(tmp_path, po
     if policy:
         env['OMP_WAIT_POLICY'] = policy
     res = subprocess.run(['make', '-s', '-o', 'setup', 'demo', f'PY={fake}',
-                          f'DEMO_DIR={tmp_path / "work"}'], cwd=root, env=env,
+                          f'DEMO_DIR={tmp_path / "work"}'], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     seen = log.read_text().split('\n')[:-1]

@@ -126,3 +126,45 @@ def test_the_floor_is_timed_on_one_thread_and_gives_the_threads_back():
     floor = budget.floor_seconds(repeats=1)
     assert torch.get_num_threads() == threads
     assert 0 < floor < 10 * budget.FLOOR_S, floor  # the work is the ~0.05 s it is meant to be
+
+
+# ------------------------------------------------------------------ make test's second AVX2 pass
+@pytest.mark.parametrize('capability, flags, env, already', [
+    ('AVX2', {'avx2', 'fma'}, {}, True),  # an AVX2-only CPU (AMD Zen 3, most laptops of 2020)
+    ('AVX512', {'avx2', 'avx512f', 'avx512bw'}, {}, False),  # torch's AVX-512 kernels
+    ('AVX2', {'avx2', 'avx512f'}, {'ATEN_CPU_CAPABILITY': 'avx2'}, False),  # oneDNN still AVX-512
+    ('AVX2', {'avx2', 'avx512f', 'amx_bf16'}, {'ATEN_CPU_CAPABILITY': 'avx2',
+                                               'ONEDNN_MAX_CPU_ISA': 'AVX2'}, True),  # emulated
+    ('AVX2', {'avx2', 'avx_vnni'}, {}, False),  # oneDNN takes AVX-VNNI (Alder Lake)
+    ('AVX2', set(), {}, False),  # flags unknown: the pass runs
+    ('DEFAULT', {'sse4_2'}, {}, False),
+])
+def test_the_avx2_pass_is_left_out_only_where_the_suite_ran_its_kernels(capability, flags, env,
+                                                                        already):
+    import kernels
+    assert bool(kernels.avx2_kernels_already(capability, flags, env)) is already
+
+
+@pytest.mark.parametrize('already', [True, False])
+def test_make_test_runs_the_avx2_pass_unless_the_suite_ran_on_its_kernels(tmp_path, already):
+    """``make test``'s commands, each run by a stand-in interpreter that records its arguments and
+    the AVX2 variables it got; its ``tests/kernels.py`` answers as ``already`` says."""
+    import shutil
+    if shutil.which('make') is None:
+        pytest.skip('no make on this machine')
+    log = tmp_path / 'seen.txt'
+    fake = tmp_path / 'python'
+    fake.write_text(f'#!/bin/sh\necho "${{ATEN_CPU_CAPABILITY-none}} $*" >> "{log}"\n'
+                    f'case "$1" in tests/kernels.py) exit {0 if already else 1} ;; esac\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('ATEN_CPU_CAPABILITY', 'ONEDNN_MAX_CPU_ISA', 'VIRTUAL_ENV', 'TEST_WORKERS')}
+    res = subprocess.run(['make', '-s', '-o', 'setup', '-o', 'lint', 'test', f'PY={fake}'],
+                         cwd=os.path.dirname(TESTS), env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = [line.split() for line in log.read_text().splitlines()]
+    suite = ['none', '-m', 'pytest', '-q', '-n', '2', '--dist', 'loadfile', '--durations=20',
+             'tests']
+    avx2 = ['avx2', '-m', 'pytest', '-q', '-m', 'numerics', 'tests']
+    assert seen == [suite, ['none', 'tests/kernels.py']] + ([] if already else [avx2]), seen

@@ -95,6 +95,8 @@ class TimmBaseline(nn.Module):
             raise RuntimeError(f'timm baseline: the trunk weights do not fit timm\'s {family} '
                                f'(unexpected {unexpected[:5]}, missing {missing[:5]})')
         self.adapter = backbone.adapter
+        # the simple pyramid rescales its one tap to every level, as the backbone's forward does
+        self.levels = len(backbone.out_strides) if backbone.pyramid == 'simple' else 1
         self.pad_to = backbone.pad_to
         self.pad_input = getattr(backbone, 'pad_input', True)
 
@@ -105,7 +107,7 @@ class TimmBaseline(nn.Module):
             x = F.pad(x, (0, pw, 0, ph))
         feats = self.timm_model.forward_intermediates(x, indices=self.indices,
                                                       intermediates_only=True)
-        return self.adapter(feats)
+        return self.adapter(list(feats) * self.levels)
 
 
 class GemmFloor(nn.Module):

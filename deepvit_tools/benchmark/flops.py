@@ -11,9 +11,12 @@ How the count is taken:
 * FLOPs are multiply-adds (one per multiply-accumulate), the convention of fvcore, mmengine's
   ``get_model_complexity_info``, mmdet's/mmseg's ``get_flops`` and of the XCiT and Swin papers;
   element-wise work (norms, activations, softmax, pooling, resizing) is not counted.
-* The backbone, neck and dense heads run on the ``meta`` device: shapes only, no arithmetic, so a
-  full-size count takes well under a second. XCiT counts its blocks as timm computes them
-  (``gram_xca=False``; its Gram-matrix path gives the same result with fewer multiply-adds).
+* The backbone, neck and dense heads run on the ``meta`` device: shapes only, no arithmetic. A
+  trunk's blocks that are built alike and called alike (same modules, settings, parameter shapes
+  and inputs) compute the same operations, so each such block is run once and its repeats take its
+  count (``_repeats_counted_once``): a 24-block trunk runs about one block's worth of meta ops.
+  XCiT counts its blocks as timm computes them (``gram_xca=False``; its Gram-matrix path gives
+  the same result with fewer multiply-adds).
 * Two-stage RoI heads run as mmdet's ``tools/analysis_tools/get_flops.py`` runs them (the
   detector's ``tensor`` mode, ``StandardRoIHead.forward``): the box head on ``max_per_img`` RoIs of
   the RPN's test config (1000 in the recipes) and the mask head on the first 100. Their cost does
@@ -215,6 +218,103 @@ def _counting_backbone(backbone: nn.Module) -> Iterator[None]:
         yield
 
 
+def _plain(v: Any) -> Any:
+    """A module attribute as a key: scalars as they are, tensors by shape and dtype, functions by
+    name, anything else by its ``repr`` (one that shows an address never matches another)."""
+    if v is None or isinstance(v, (bool, int, float, str, torch.dtype)):
+        return v
+    if isinstance(v, (tuple, list)):
+        return tuple(_plain(x) for x in v)
+    if isinstance(v, torch.Tensor):
+        return ('tensor', tuple(v.shape), v.dtype)
+    if callable(v) and hasattr(v, '__qualname__'):
+        return (getattr(v, '__module__', ''), v.__qualname__)
+    return repr(v)
+
+
+def _structure(module: nn.Module) -> tuple:
+    """What a module's eval forward computes from, as a key: every submodule's class, its public
+    attributes (window sizes, head counts, scales, flags) and its parameters' and buffers' shapes.
+    Dropout's and drop path's rates are left out: both are the identity in an eval forward."""
+    from timm.layers import DropPath
+    parts = []
+    for name, sub in module.named_modules():
+        identity = isinstance(sub, (DropPath, nn.Dropout))
+        attrs = () if identity else tuple(sorted(
+            (k, _plain(v)) for k, v in vars(sub).items()
+            if not k.startswith('_') and k != 'training'))
+        tensors = tuple((n, tuple(t.shape), t.dtype) for n, t in (
+            *sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)))
+        parts.append((name, type(sub), attrs, tensors))
+    return tuple(parts)
+
+
+def _call_key(args: tuple, kwargs: dict) -> tuple:
+    return tuple(('tensor', tuple(a.shape), a.dtype, a.stride()) if isinstance(a, torch.Tensor)
+                 else _plain(a) for a in (*args, *sorted(kwargs.items())))
+
+
+@contextlib.contextmanager
+def _repeats_counted_once(root: nn.Module) -> Iterator[Callable[[Dict[str, int]], None]]:
+    """Within the block: each element of ``root``'s ``ModuleList`` / ``Sequential`` containers
+    (the outermost ones: a trunk's blocks) that has the ``_structure`` and inputs of one called
+    before it runs no operation but returns empty (meta) tensors of that one's outputs. Yields
+    ``fill(macs)``, which gives each such repeat, in a ``count_macs`` result, the counts of the
+    block it repeats (its submodules' too) and adds them to its containers' and the root's."""
+    from torch.utils._pytree import tree_map
+    blocks = [(f'{name}.{child}' if name else child, m)
+              for name, container in root.named_modules()
+              if isinstance(container, (nn.ModuleList, nn.Sequential))
+              for child, m in container.named_children() if next(m.parameters(), None) is not None]
+    blocks = [(p, m) for p, m in blocks if not any(p.startswith(b + '.') for b, _ in blocks)]
+    saved = [m.__dict__.get('forward') for _, m in blocks]  # an instance's own forward, if any
+    first: Dict[tuple, tuple] = {}  # key: (path, outputs) of the first block called so
+    repeats: List[Tuple[str, str, set]] = []  # (repeat's path, its first's, the modules it ran in)
+    running: List[str] = []  # the paths of the modules being called (as the counter keys them)
+
+    def enter(path: str) -> Callable:
+        def hook(module, args) -> None:
+            running.append(path)
+        return hook
+
+    def leave(module, args, output) -> None:
+        running.pop()
+    hooks = [h for name, m in root.named_modules()
+             for h in (m.register_forward_pre_hook(enter(name)), m.register_forward_hook(leave))]
+
+    def patched(path: str, module: nn.Module, forward: Callable) -> Callable:
+        def run(*args, **kwargs):
+            key = (_structure(module), _call_key(args, kwargs))
+            if key not in first:
+                out = forward(*args, **kwargs)
+                first[key] = (path, out)
+                return out
+            repeats.append((path, first[key][0], set(running[:-1]) | {''}))
+            return tree_map(lambda t: torch.empty_like(t) if isinstance(t, torch.Tensor) else t,
+                            first[key][1])
+        return run
+
+    for path, m in blocks:
+        m.forward = patched(path, m, m.forward)
+
+    def fill(macs: Dict[str, int]) -> None:
+        for path, of, outer in repeats:
+            for key in [k for k in macs if k == of or k.startswith(of + '.')]:
+                macs[path + key[len(of):]] = macs[key]
+            for parent in outer:  # '': the total
+                macs[parent] = macs.get(parent, 0) + macs.get(of, 0)
+    try:
+        yield fill
+    finally:
+        for h in hooks:
+            h.remove()
+        for (_, m), forward in zip(blocks, saved):
+            if forward is None:
+                del m.forward
+            else:
+                m.forward = forward
+
+
 def backbone_macs(backbone: nn.Module, shape: Tuple[int, int],
                   outputs: Optional[dict] = None) -> Dict[str, int]:
     """Multiply-adds of a backbone's forward on one ``shape`` image, per module (``count_macs``),
@@ -231,8 +331,10 @@ def backbone_macs(backbone: nn.Module, shape: Tuple[int, int],
     backbone = backbone.to('meta').eval()
     x = torch.empty(1, 3, *shape, device='meta')
     box = {} if outputs is None else outputs
-    with _counting_backbone(backbone):
-        return count_macs(lambda: box.__setitem__('outputs', backbone(x)), backbone)
+    with _counting_backbone(backbone), _repeats_counted_once(backbone) as fill:
+        macs = count_macs(lambda: box.__setitem__('outputs', backbone(x)), backbone)
+    fill(macs)
+    return macs
 
 
 def _proposals(n: int, shape: Tuple[int, int]):

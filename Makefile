@@ -43,19 +43,20 @@ AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 AVX2_TESTS ?= -m numerics
 
 # TEST_WORKERS: pytest-xdist processes, each taking whole test files (their module fixtures run
-# once), the files with the most work first; each computes on its share of the cores, and OpenMP's
+# once), the files with the most work first (tests/conftest.py orders them; pytest-xdist would
+# otherwise hand out the files with the most tests first); each computes on its share of the cores, and OpenMP's
 # threads sleep while they wait (tests/conftest.py): docs/install.md#tests has the times.
 TEST_WORKERS ?= 2
 
 test: setup lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 tests
 	@$(PY) tests/kernels.py || { echo '$(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests'; \
 	  $(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests; }
 
 # The tests that start no tool, training or second process (markers `slow`, `distributed`), on
 # TEST_WORKERS processes as the whole suite (TEST_WORKERS=0: pytest's own process).
 test-fast: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not distributed" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not distributed" tests
 
 test-avx2: setup
 	$(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests

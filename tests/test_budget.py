@@ -164,7 +164,7 @@ def test_make_test_runs_the_avx2_pass_unless_the_suite_ran_on_its_kernels(tmp_pa
                          timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     seen = [line.split() for line in log.read_text().splitlines()]
-    suite = ['none', '-m', 'pytest', '-q', '-n', '2', '--dist', 'loadfile', '--durations=20',
-             'tests']
+    suite = ['none', '-m', 'pytest', '-q', '-n', '2', '--dist', 'loadfile',
+             '--no-loadscope-reorder', '--durations=20', 'tests']
     avx2 = ['avx2', '-m', 'pytest', '-q', '-m', 'numerics', 'tests']
     assert seen == [suite, ['none', 'tests/kernels.py']] + ([] if already else [avx2]), seen

@@ -235,17 +235,18 @@ def _plain(v: Any) -> Any:
 def _structure(module: nn.Module) -> tuple:
     """What a module's eval forward computes from, as a key: every submodule's class, its public
     attributes (window sizes, head counts, scales, flags) and its parameters' and buffers' shapes.
-    Dropout's and drop path's rates are left out: both are the identity in an eval forward."""
+    Dropout, drop path (at any rate) and ``nn.Identity`` (timm's drop path at rate 0) are one
+    kind: each is the identity in an eval forward."""
     from timm.layers import DropPath
     parts = []
     for name, sub in module.named_modules():
-        identity = isinstance(sub, (DropPath, nn.Dropout))
+        identity = isinstance(sub, (DropPath, nn.Dropout, nn.Identity))
         attrs = () if identity else tuple(sorted(
             (k, _plain(v)) for k, v in vars(sub).items()
             if not k.startswith('_') and k != 'training'))
         tensors = tuple((n, tuple(t.shape), t.dtype) for n, t in (
             *sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)))
-        parts.append((name, type(sub), attrs, tensors))
+        parts.append((name, 'identity' if identity else type(sub), attrs, tensors))
     return tuple(parts)
 
 

@@ -205,25 +205,36 @@ def test_attention_counts_follow_the_papers_formulas():
 def test_blocks_counted_once_give_every_module_the_count_of_running_them_all(
         monkeypatch, family, kwargs, shape):
     """A trunk's repeated blocks run once and the repeats take their count: every module's count,
-    the attention's and the outputs' shapes are those of running every block."""
+    the attention's and the outputs' shapes are those of running every block, and fewer blocks
+    ran."""
     import contextlib
 
     from mmdet.registry import MODELS
 
     from deepvit_tools.benchmark import flops
-    counts = []
+    counts, ran = [], []
     for once in (True, False):
         if not once:
             monkeypatch.setattr(flops, '_repeats_counted_once',
                                 lambda root: contextlib.nullcontext(lambda macs: None))
         with torch.device('meta'):
             backbone = MODELS.build(dict(type=family, **kwargs))
+        blocks = list(backbone.trunk.blocks)
+        for cls in {type(b) for b in blocks}:  # each block class's forward notes who ran it
+            def noted(self, *args, forward=cls.forward, **kw):
+                ran.append(self)
+                return forward(self, *args, **kw)
+            monkeypatch.setattr(cls, 'forward', noted)
+        ran.clear()
         box = {}
         macs = flops.backbone_macs(backbone, shape, outputs=box)
         counts.append((macs, flops.attention_macs(backbone, macs),
-                       [tuple(o.shape) for o in box['outputs']]))
-    assert counts[0] == counts[1]
+                       [tuple(o.shape) for o in box['outputs']],
+                       len({id(b) for b in ran if any(b is x for x in blocks)})))
+        monkeypatch.undo()
+    assert counts[0][:3] == counts[1][:3]
     assert counts[0][0][''] > 0 and len(counts[0][0]) > 20
+    assert counts[0][3] < counts[1][3] == len(blocks), (counts[0][3], counts[1][3])
 
 
 @pytest.mark.slow

@@ -44,14 +44,14 @@ AVX2_TESTS ?= -m numerics
 
 # TEST_WORKERS: pytest-xdist processes, each taking whole test files (their module fixtures run
 # once), the files with the most work first (tests/conftest.py orders them; pytest-xdist would
-# otherwise hand out the files with the most tests first); each computes on its share of the cores, and OpenMP's
-# threads sleep while they wait (tests/conftest.py): docs/install.md#tests has the times.
+# otherwise hand out the files with the most tests first); each computes on its share of the
+# cores, and OpenMP's threads sleep while they wait (tests/conftest.py): docs/install.md#tests has
+# the times.
 TEST_WORKERS ?= 2
 
 test: setup lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 tests
-	@$(PY) tests/kernels.py || { echo '$(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests'; \
-	  $(AVX2) $(PY) -m pytest -q $(AVX2_TESTS) tests; }
+	@$(PY) tests/kernels.py || $(MAKE) --no-print-directory -o setup test-avx2
 
 # The tests that start no tool, training or second process (markers `slow`, `distributed`), on
 # TEST_WORKERS processes as the whole suite (TEST_WORKERS=0: pytest's own process).

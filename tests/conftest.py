@@ -152,6 +152,7 @@ def pytest_configure(config):
 
 def cpu_model() -> str:
     """``/proc/cpuinfo``'s model name and its AVX-512 / AMX flags, as the figures name a CPU."""
+    from kernels import cpu_flags
     try:
         with open('/proc/cpuinfo') as f:
             info = f.read()
@@ -159,8 +160,7 @@ def cpu_model() -> str:
         return 'unknown'
     model = next((line.split(':', 1)[1].strip() for line in info.splitlines()
                   if line.startswith('model name')), 'unknown')
-    flags = next((line.split(':', 1)[1].split() for line in info.splitlines()
-                  if line.startswith('flags')), [])
+    flags = cpu_flags()
     shown = [f for f in ('avx2', 'avx512f', 'avx512_bf16', 'avx512_fp16', 'amx_bf16') if f in flags]
     return f"{model} ({' '.join(shown)})"
 

@@ -178,18 +178,28 @@ def _configs_code(family: str, tmp_path) -> str:
 
 @pytest.fixture(scope='module')
 def in_family(site_without, tmp_path_factory):
-    """``in_family(family)``: one fresh interpreter per family (made once) builds the configs, then
-    imports every module: what the two tests below read (one dict each)."""
+    """``in_family(family)``: one fresh interpreter per family (made once) builds the configs,
+    imports every module, then runs tools/train.py and tools/test.py on the other library's demo
+    config: what the three tests below read (``configs``, ``imports``: a dict each; ``refused``:
+    the two tools' ``CompletedProcess``; ``work``: the work dir they were given)."""
     done = {}
 
     def run(family):
         if family not in done:
             tmp = tmp_path_factory.mktemp('user')
-            code = textwrap.dedent(_configs_code(family, tmp)) + textwrap.dedent(_import_code())
-            out = _run_without(site_without(FAMILY[family]['left_out']), code)
+            probe = tmp / 'probe.py'
+            probe.write_text('import os, sys\n' + textwrap.dedent(_configs_code(family, tmp))
+                             + textwrap.dedent(_import_code()))
+            checkpoint = tmp / 'model.pth'
+            checkpoint.write_bytes(b'')  # read only after the config
+            args = (FAMILY[family]['other_demo'], '--work-dir', tmp / 'work')
+            out, *refused = _run_tools_without(
+                site_without(FAMILY[family]['left_out']), (probe,), ('train.py', *args),
+                ('test.py', args[0], checkpoint, *args[1:]))
             assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
             configs, imports = out.stdout.strip().splitlines()[-2:]
-            done[family] = dict(configs=json.loads(configs), imports=json.loads(imports))
+            done[family] = dict(configs=json.loads(configs), imports=json.loads(imports),
+                                refused=refused, work=tmp / 'work')
         return done[family]
     return run
 
@@ -198,7 +208,7 @@ def in_family(site_without, tmp_path_factory):
 def test_import_registers_in_the_installed_library(in_family, family):
     """The backbones, optimizer constructors (and, with mmdet, CPUSingleRoIExtractor) are in the
     installed library's registries; every module of the package but those of the other's models
-    imports. ~5-15 s: the family's interpreter (shared with the configs' test)."""
+    imports. ~5-15 s: the family's interpreter (shared with the configs' and the tools' tests)."""
     got = in_family(family)['imports']
     det = family == 'mmdet'
     assert got['registries'] == [det, not det]
@@ -216,7 +226,8 @@ def test_import_registers_in_the_installed_library(in_family, family):
 def test_configs_build_and_the_others_say_what_to_install(in_family, family):
     """The library's demo builds; the other's config, read, loaded, built, prepared for the tools
     or given as a Config, and a user's config inheriting the other's (``mmseg::``), stop with one
-    message: what to install. ~5-15 s: the family's interpreter (shared with the import test)."""
+    message: what to install. ~5-15 s: the family's interpreter (shared with the import and the
+    tools' tests)."""
     other = FAMILY[family]['other']
     scope = FAMILIES[other]['scope']
     got = in_family(family)['configs']
@@ -238,20 +249,18 @@ def test_configs_build_and_the_others_say_what_to_install(in_family, family):
 
 
 @pytest.mark.parametrize('family', sorted(FAMILY))
-def test_tools_refuse_the_others_configs_in_one_line(site_without, family, tmp_path):
+def test_tools_refuse_the_others_configs_in_one_line(in_family, family):
     """With one library left out, tools/train.py and tools/test.py refuse the other's config in one
-    line. ~5-15 s: a fresh interpreter running both tools."""
-    site_dir = site_without(FAMILY[family]['left_out'])
+    line, and make no work dir. ~5-15 s: the family's interpreter (shared with the two tests
+    above)."""
     other = FAMILY[family]['other']
-    checkpoint = tmp_path / 'model.pth'
-    checkpoint.write_bytes(b'')  # read only after the config
-    args = (FAMILY[family]['other_demo'], '--work-dir', tmp_path / 'work')
-    for out in _run_tools_without(site_dir, ('train.py', *args),
-                                  ('test.py', args[0], checkpoint, *args[1:])):
+    got = in_family(family)
+    assert [out.args[0] for out in got['refused']] == ['train.py', 'test.py']
+    for out in got['refused']:
         assert out.returncode == 1 and 'Traceback' not in out.stderr, out.stderr[-3000:]
         assert out.stderr.strip().splitlines()[-1].startswith(f'this config is an {other} config'), \
             out.stderr[-3000:]
-    assert not (tmp_path / 'work').exists()
+    assert not got['work'].exists()
 
 
 def _demo_options(family: str, data: str) -> list:

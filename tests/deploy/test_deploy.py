@@ -109,16 +109,16 @@ def _export_with_tool(cfg, checkpoint, out, *args, run=None) -> str:
     return str(out)
 
 
+# XCiT's dynamic export: the segmentor's (test_segmentor_export_tool_matches_pytorch_at_two_sizes,
+# its FPN reads all four levels), and its backbone alone at a fixed size (the fixed-size test)
 @exports
 @pytest.mark.parametrize('cfg, options, sizes', [
-    (SEG_CFG, SHALLOW, SIZES),
     (CAIT_CFG, SHALLOW, SIZES),
     (VIT_CFG, {'model.backbone.out_indices': (0,)}, SIZES),
     (VIT_CFG, {**EVA, 'model.backbone.out_indices': (0,)}, SIZES),
     # blocks 0 and 1 windowed, block 2 global (ViTDet's: the last of each quarter)
     (VIT_CFG, {'model.backbone.out_indices': (2,), 'model.backbone.window_size': 4}, SIZES),
-], ids=['xcit_nano_12_p16', 'cait_xxs24', 'vit_tiny_simple', 'eva02_tiny_simple',
-        'vit_tiny_windows'])
+], ids=['cait_xxs24', 'vit_tiny_simple', 'eva02_tiny_simple', 'vit_tiny_windows'])
 @pytest.mark.slow
 def test_backbone_dynamic_export_matches_pytorch_at_two_sizes(tmp_path, cfg, options, sizes):
     """A backbone exported with dynamic sizes equals PyTorch's outputs at two sizes in ONNX Runtime.
@@ -179,9 +179,11 @@ def test_backbone_auto_choices_are_fixed_while_exporting():
 @exports
 @pytest.mark.slow
 def test_segmentor_export_tool_matches_pytorch_at_two_sizes(tmp_path):
-    """The tool end to end: a checkpoint through the safe loader, one ``--dynamic`` file,
-    ``seg_logits`` at both sizes within 1e-4 of the segmentor's ``encode_decode``."""
+    """The tool end to end: a checkpoint through the safe loader, one ``--dynamic`` file (from 64
+    px: XCiT has no windows), ``seg_logits`` at both sizes within 1e-4 of the segmentor's
+    ``encode_decode``. ~30-50 s: the tool's process and its export."""
     model, task = load_model(SEG_CFG, None, SHALLOW)
+    assert dynamic_range(wrap_for_export(model, task)) == (64, 2048)
     _nontrivial_statistics(model)
     ckpt = _save(model, tmp_path / 'segmentor.pth')
     path = _export_with_tool(SEG_CFG, ckpt, tmp_path / 'segmentor.onnx', '--cfg-options',

@@ -185,19 +185,19 @@ def test_two_cpu_processes_end_with_identical_weights(one_node):
     assert all(torch.equal(saved[k], v) for k, v in r0['final'].items())
 
 
-def _assert_two_nodes_train_as_one(one_node, work, log, launcher: str) -> None:
-    """The processes of a 2-node run (``work``, ``log``) trained on the shares of the data the
-    one-node processes had, for the steps the last of them ran (all, or those after a restart),
-    and end with the one-node run's weights, bit for bit, on 2 processes (the world size)."""
-    want = read_checkpoint(str(one_node[0] / 'rank0.pth'))
+def _assert_two_nodes_train_as_one(one_node, work, log, launcher: str, steps: int) -> None:
+    """The processes of a 2-node run (``work``, ``log``) ran the last ``steps`` steps (all, or
+    those after a restart) on the shares of the data the one-node processes had for them, and end
+    with the one-node run's weights, bit for bit, on 2 processes (the world size)."""
+    one = [read_checkpoint(str(one_node[0] / f'rank{r}.pth')) for r in (0, 1)]
     ranks = [read_checkpoint(str(work / f'rank{r}.pth')) for r in (0, 1)]
-    seen = len(ranks[0]['images'])
-    assert seen > 0 and all(len(r['images']) == seen for r in ranks)
-    shares = sorted(read_checkpoint(str(one_node[0] / f'rank{r}.pth'))['images'][-seen:]
-                    for r in (0, 1))
+    seen = 2 * steps  # images: the demo's batch of 2
+    assert [len(r['images']) for r in ranks] == [seen, seen]
+    shares = sorted(r['images'][-seen:] for r in one)
     assert sorted(r['images'] for r in ranks) == shares
     for got in ranks:
-        differ = [k for k in want['final'] if not torch.equal(got['final'][k], want['final'][k])]
+        differ = [k for k in one[0]['final']
+                  if not torch.equal(got['final'][k], one[0]['final'][k])]
         assert not differ, f'{len(differ)} tensors differ from one node, e.g. {differ[:3]}'
     assert f'Distributed launcher: {launcher}' in log and 'GPU number: 2' in log  # world size
 
@@ -210,8 +210,7 @@ def test_two_slurm_nodes_end_with_the_weights_of_one_node(one_node, shapes, tmp_
     each process on the share of the data one of the one-node processes had. (2 torchrun nodes:
     test_a_killed_worker_restarts_the_group_and_ends_bit_identical.) ~20-40 s: the run."""
     work, log = _dist_train(shapes, tmp_path, 'slurm')
-    _assert_two_nodes_train_as_one(one_node, work, log, 'slurm')
-    assert len(read_checkpoint(str(work / 'rank0.pth'))['images']) == 2 * ITERS
+    _assert_two_nodes_train_as_one(one_node, work, log, 'slurm', ITERS)
 
 
 needs_cpu_fsdp = pytest.mark.skipif(cpu_fsdp_problem() is not None, reason=str(cpu_fsdp_problem()))
@@ -260,12 +259,11 @@ def test_fsdp_trains_the_weights_of_ddp(one_node, sharded, shapes, tmp_path, var
     layer-wise lr decay and gradient checkpointing, without gradient clipping (the strategy's
     path for an optimizer that does not clip), for 2 steps; ~40-60 s, a DDP and an FSDP run of
     it."""
-    steps = ITERS
+    steps = ITERS if variant == 'recipe' else 2
     if variant == 'recipe':
         ddp = one_node[0]
         work, log = sharded
     else:
-        steps = 2
         options = (_initial_weights(one_node, tmp_path), 'optim_wrapper.clip_grad=None',
                    'optim_wrapper.constructor=ColumnarLayerDecayOptimizerConstructor',
                    'optim_wrapper.paramwise_cfg.decay_rate=0.65', 'model.backbone.with_cp=True',
@@ -314,15 +312,16 @@ def test_fsdp_clips_by_the_norm_of_the_whole_gradient(one_node, sharded, shapes,
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_a_sharded_run_resumes_bit_identical(sharded, shapes, tmp_path):
-    """--resume of an FSDP run from its whole checkpoint after step 2 ends where the uninterrupted
-    run (``sharded``) did, with the optimizer's parts where they belong (GlobalNormFSDPStrategy)
-    and each process's own RNG state (RNGStateHook). (DDP runs resume in the elastic-restart
-    tests.) ~20-40 s: the resumed run."""
+    """--resume of an FSDP run from its whole checkpoint after step 2 ends step 4 where the
+    uninterrupted run (``sharded``) did, with the optimizer's parts where they belong
+    (GlobalNormFSDPStrategy) and each process's own RNG state (RNGStateHook). (DDP runs resume in
+    the elastic-restart tests.) ~20-30 s: the resumed run."""
     work = sharded[0]
     resumed, log = _dist_train(shapes, tmp_path / 'resumed', 'torchrun', sharded=True,
-                               options=('resume=True', f'load_from={work / "iter_2.pth"}'))
-    assert 'resumed epoch: 0, iter: 2' in log
-    _assert_same_weights(_saved(resumed), _saved(work))
+                               options=('resume=True', f'load_from={work / "iter_2.pth"}',
+                                        'train_cfg.max_iters=4'))
+    assert 'resumed epoch: 0, iter: 2' in log and 'Iter(train) [4/4]' in log
+    _assert_same_weights(_saved(resumed, 4), _saved(work, 4))
     _assert_own_rng_states(work / 'iter_2.pth')
 
 
@@ -377,8 +376,7 @@ def test_a_killed_worker_restarts_the_group_and_ends_bit_identical(one_node, uni
     _assert_same_weights(read_checkpoint(str(work / 'iter_6.pth'))['state_dict'], uninterrupted)
     _assert_own_rng_states(work / 'iter_4.pth')
     # the restarted group's processes ran steps 5 and 6
-    assert len(read_checkpoint(str(work / 'rank0.pth'))['images']) == 2 * 2
-    _assert_two_nodes_train_as_one(one_node, work, log, 'pytorch')
+    _assert_two_nodes_train_as_one(one_node, work, log, 'pytorch', 2)
 
 
 @pytest.mark.distributed

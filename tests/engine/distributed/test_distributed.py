@@ -196,9 +196,7 @@ def _assert_two_nodes_train_as_one(one_node, work, log, launcher: str, steps: in
     shares = sorted(r['images'][-seen:] for r in one)
     assert sorted(r['images'] for r in ranks) == shares
     for got in ranks:
-        differ = [k for k in one[0]['final']
-                  if not torch.equal(got['final'][k], one[0]['final'][k])]
-        assert not differ, f'{len(differ)} tensors differ from one node, e.g. {differ[:3]}'
+        _assert_same_weights(got['final'], one[0]['final'])
     assert f'Distributed launcher: {launcher}' in log and 'GPU number: 2' in log  # world size
 
 
@@ -278,8 +276,7 @@ def test_fsdp_trains_the_weights_of_ddp(one_node, sharded, shapes, tmp_path, var
         assert 'layer-wise lr decay 0.65 over 8 blocks' in log
     got, want = _saved(work, steps), _saved(ddp, steps)
     assert got.keys() == want.keys()
-    differ = [k for k in want if not torch.equal(got[k], want[k])]
-    assert not differ, f'{len(differ)} of {len(want)} tensors differ from DDP, e.g. {differ[:3]}'
+    _assert_same_weights(got, want)
     start = read_checkpoint(str(ddp / 'rank0.pth'))['initial']
     moved = [k for k, v in start.items() if not torch.equal(got[k], v)]
     assert len(moved) > 0.9 * len(start)  # it did train
@@ -316,12 +313,12 @@ def test_a_sharded_run_resumes_bit_identical(sharded, shapes, tmp_path):
     uninterrupted run (``sharded``) did, with the optimizer's parts where they belong
     (GlobalNormFSDPStrategy) and each process's own RNG state (RNGStateHook). (DDP runs resume in
     the elastic-restart tests.) ~20-30 s: the resumed run."""
-    work = sharded[0]
+    work, end = sharded[0], 4
     resumed, log = _dist_train(shapes, tmp_path / 'resumed', 'torchrun', sharded=True,
                                options=('resume=True', f'load_from={work / "iter_2.pth"}',
-                                        'train_cfg.max_iters=4'))
-    assert 'resumed epoch: 0, iter: 2' in log and 'Iter(train) [4/4]' in log
-    _assert_same_weights(_saved(resumed, 4), _saved(work, 4))
+                                        f'train_cfg.max_iters={end}'))
+    assert 'resumed epoch: 0, iter: 2' in log and f'Iter(train) [{end}/{end}]' in log
+    _assert_same_weights(_saved(resumed, end), _saved(work, end))
     _assert_own_rng_states(work / 'iter_2.pth')
 
 

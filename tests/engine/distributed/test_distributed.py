@@ -247,56 +247,53 @@ def sharded(one_node, shapes, tmp_path_factory):
 
 
 @needs_cpu_fsdp
-@pytest.mark.parametrize('variant', ['recipe', 'layer_decay_with_cp'])
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_fsdp_trains_the_weights_of_ddp(one_node, sharded, shapes, tmp_path, variant):
+def test_fsdp_trains_the_weights_of_ddp(one_node, sharded):
     """configs/_base_/fsdp.py on 2 CPU processes: one FSDP unit per trunk block, and after 6 steps
-    its full checkpoint (gathered on rank 0) holds the weights DDP trained, bit for bit (the
-    recipe: the one-node run's). The second variant adds what the large backbones train with:
-    layer-wise lr decay and gradient checkpointing, without gradient clipping (the strategy's
-    path for an optimizer that does not clip), for 2 steps; ~40-60 s, a DDP and an FSDP run of
-    it."""
-    steps = ITERS if variant == 'recipe' else 2
-    if variant == 'recipe':
-        ddp = one_node[0]
-        work, log = sharded
-    else:
-        options = (_initial_weights(one_node, tmp_path), 'optim_wrapper.clip_grad=None',
-                   'optim_wrapper.constructor=ColumnarLayerDecayOptimizerConstructor',
-                   'optim_wrapper.paramwise_cfg.decay_rate=0.65', 'model.backbone.with_cp=True',
-                   f'train_cfg.max_iters={steps}')
-        ddp, _ = _dist_train(shapes, tmp_path / 'ddp', 'torchrun', options=options)
-        work, log = _dist_train(shapes, tmp_path / 'fsdp', 'torchrun', sharded=True,
-                                options=options)
+    its full checkpoint (gathered on rank 0) holds the weights the one-node DDP run trained, bit
+    for bit. (With layer-wise lr decay, gradient checkpointing and no clipping, on a segmentor:
+    test_fsdp_trains_a_cait_segmentor_as_ddp_does.) ~40-50 s: the sharded run."""
+    work, log = sharded
     r0 = read_checkpoint(str(work / 'rank0.pth'))
     assert r0['wrapper'] == 'CPUFullyShardedDataParallel'
     assert r0['units'] == 8 + 1  # the demo's 8 trunk blocks, and the root
-    if variant != 'recipe':
-        assert 'layer-wise lr decay 0.65 over 8 blocks' in log
-    got, want = _saved(work, steps), _saved(ddp, steps)
+    got, want = _saved(work), _saved(one_node[0])
     assert got.keys() == want.keys()
     _assert_same_weights(got, want)
-    start = read_checkpoint(str(ddp / 'rank0.pth'))['initial']
+    start = read_checkpoint(str(one_node[0] / 'rank0.pth'))['initial']
     moved = [k for k, v in start.items() if not torch.equal(got[k], v)]
     assert len(moved) > 0.9 * len(start)  # it did train
+
+
+@pytest.fixture(scope='module')
+def mmengine_fsdp(one_node, shapes, tmp_path_factory):
+    """One step of mmengine's own FSDPStrategy from the one-node DDP run's start, saving a
+    sharded checkpoint (state_dict_cfg='local': a folder of per-process parts) after it: the
+    first step's gradient norm and the parts are what the tests read. (GlobalNormFSDPStrategy
+    saves as mmengine's does.)"""
+    tmp = tmp_path_factory.mktemp('mmengine_fsdp')
+    # the start through the model's init_cfg: with state_dict_cfg='local' load_from would read
+    # a folder of parts
+    init = _initial_weights(one_node, tmp).split('=', 1)[1]
+    return _dist_train(shapes, tmp, 'torchrun', sharded=True, options=(
+        'model.init_cfg.type=Pretrained', f'model.init_cfg.checkpoint={init}',
+        'strategy.type=FSDPStrategy', 'train_cfg.max_iters=1',
+        'default_hooks.checkpoint.interval=1', 'strategy.state_dict_cfg=local'))
 
 
 @needs_cpu_fsdp
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_fsdp_clips_by_the_norm_of_the_whole_gradient(one_node, sharded, shapes, tmp_path):
+def test_fsdp_clips_by_the_norm_of_the_whole_gradient(one_node, sharded, mmengine_fsdp):
     """The demo clips gradients by their norm. With mmengine's FSDPStrategy each process clips by
     the norm of its own shards; GlobalNormFSDPStrategy (configs/_base_/fsdp.py) by the whole
-    gradient's, which DDP logs. ~20-30 s: one step of an FSDPStrategy run (the first step's
-    gradient tells them apart), no checkpoint."""
-    init = _initial_weights(one_node, tmp_path)
+    gradient's, which DDP logs. ~20-30 s: one step of an FSDPStrategy run (``mmengine_fsdp``: the
+    first step's gradient tells them apart)."""
     ddp = _grad_norms(one_node[1])
     ours = _grad_norms(sharded[1])
-    theirs = _grad_norms(_dist_train(shapes, tmp_path / 'mmengine', 'torchrun', sharded=True,
-                                     options=(init, 'strategy.type=FSDPStrategy',
-                                              'train_cfg.max_iters=1',
-                                              'default_hooks.checkpoint.save_last=False'))[1])
+    theirs = _grad_norms(mmengine_fsdp[1])
+    assert re.search(r'into MaskRCNN: loaded \d+ tensors\n', mmengine_fsdp[1])  # all: DDP's start
     print(f'grad norms: DDP {ddp}, GlobalNormFSDPStrategy {ours}, FSDPStrategy {theirs}')
     assert len(ddp) == len(ours) == ITERS and len(theirs) == 1
     # the same gradients every step (the weights are DDP's, test_fsdp_trains_the_weights_of_ddp):
@@ -402,12 +399,14 @@ def test_workers_killed_twice_restart_from_the_newest_complete_checkpoint(uninte
 @needs_cpu_fsdp
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_sharded_checkpoints_are_read_by_every_tool(sharded, shapes, tmp_path, in_process):
+def test_sharded_checkpoints_are_read_by_every_tool(sharded, mmengine_fsdp, shapes, tmp_path,
+                                                    in_process):
     """The whole checkpoint a sharded run writes is an ordinary one: tools/test.py evaluates it
     (one process, the plain config), load_from starts from it, the inferencers draw with it. A
     sharded one (state_dict_cfg='local': a folder of per-process parts) is refused, saying what to
     do, by the tools and by the loader given one of its parts. (tools/test.py runs in this
-    process: tests/test_one_family.py starts it as one.) ~20-40 s: a 2-step sharded run."""
+    process: tests/test_one_family.py starts it as one; the sharded checkpoint is
+    ``mmengine_fsdp``'s.) ~10-20 s: tools/test.py's evaluation."""
     from deepvit_mm.apis import build_inferencer
     ckpt = sharded[0] / f'iter_{ITERS}.pth'
     cfg = tmp_path / 'plain.py'
@@ -433,10 +432,7 @@ def test_sharded_checkpoints_are_read_by_every_tool(sharded, shapes, tmp_path, i
     image = os.path.join(shapes, 'val', sorted(os.listdir(os.path.join(shapes, 'val')))[0])
     assert len(inferencer(image, return_datasamples=True)['predictions']) == 1
     # a sharded checkpoint: one part per process
-    local, _ = _dist_train(shapes, tmp_path / 'local', 'torchrun', sharded=True, options=(
-        'train_cfg.max_iters=2', 'default_hooks.checkpoint.interval=2',
-        'strategy.state_dict_cfg=local'))
-    parts = local / 'iter_2.pth'
+    parts = mmengine_fsdp[0] / 'iter_1.pth'
     assert sorted(os.listdir(parts)) == ['rank0.pth', 'rank1.pth']
     out = in_process(test_py, str(cfg), str(parts), cwd=ROOT)
     assert out.returncode != 0
@@ -574,19 +570,15 @@ def test_fsdp_on_cpu_is_refused_at_once_where_torch_cannot(monkeypatch):
     assert 'model_wrapper_cfg' not in cfg  # the Runner's; FlexibleRunner reads the strategy's
 
 
-@needs_cpu_fsdp
-@pytest.mark.distributed
-@pytest.mark.slow
-def test_fsdp_trains_a_cait_segmentor(tmp_path):
-    """configs/_base_/fsdp.py on an mmseg model with a CaiT backbone: the segmentation demo with
-    CaiT-XXS24 trains 2 steps on 2 CPU processes, one FSDP unit per block, and its whole
-    checkpoint holds the CaiT weights."""
-    from deepvit_tools.demo_data import make_ade_demo
-    data = tmp_path / 'ade'
-    make_ade_demo(str(data), num_train=4, num_val=1, size=128)
-    cfg = tmp_path / 'seg_fsdp.py'
+def _seg_train(data, tmp_path, sharded: bool, options=()) -> tuple:
+    """The segmentation demo with CaiT-XXS24 (the rank dump hook on) for 2 steps on 2 CPU
+    processes (tools/dist_train.sh), through configs/_base_/fsdp.py if ``sharded``. Returns the
+    work dir and the log."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = tmp_path / 'seg.py'
+    bases = [DEMO_SEG] + ([os.path.join(ROOT, 'configs', '_base_', 'fsdp.py')] if sharded else [])
     cfg.write_text(textwrap.dedent(f"""
-        _base_ = [{DEMO_SEG!r}, {os.path.join(ROOT, 'configs', '_base_', 'fsdp.py')!r}]
+        _base_ = {bases!r}
         custom_imports = dict(imports=['deepvit_mm', 'rank_dump_hook'], allow_failed_imports=False)
         custom_hooks = [dict(type='RankDumpHook')]
         model = dict(backbone=dict(_delete_=True, type='CaiT', arch='xxs24', init_cfg=None,
@@ -602,9 +594,42 @@ def test_fsdp_trains_a_cait_segmentor(tmp_path):
          str(work), '--cfg-options', f'train_dataloader.dataset.data_root={data}',
          'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
          'train_dataloader.persistent_workers=False', 'train_cfg.max_iters=2', 'val_cfg=None',
-         'val_dataloader=None', 'val_evaluator=None', 'default_hooks.checkpoint.interval=2'],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
-    assert read_checkpoint(str(work / 'rank0.pth'))['units'] == 24 + 1
-    saved = read_checkpoint(str(work / 'iter_2.pth'))['state_dict']
-    assert sum(k.startswith('backbone.trunk.blocks.') for k in saved) > 24 * 10
+         'val_dataloader=None', 'val_evaluator=None', 'default_hooks.checkpoint.interval=2',
+         *options], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-5000:]
+    return work, log
+
+
+@needs_cpu_fsdp
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_fsdp_trains_a_cait_segmentor_as_ddp_does(tmp_path):
+    """configs/_base_/fsdp.py on an mmseg model with a CaiT backbone and what the large backbones
+    train with: layer-wise lr decay and gradient checkpointing, without gradient clipping (the
+    strategy's path for an optimizer that does not clip). The segmentation demo with CaiT-XXS24
+    trains 2 steps on 2 CPU processes, one FSDP unit per block, and its whole checkpoint holds the
+    weights a DDP run of it trained from the same start, bit for bit. ~60-80 s: a DDP and an FSDP
+    run."""
+    from deepvit_tools.demo_data import make_ade_demo
+    data = tmp_path / 'ade'
+    make_ade_demo(str(data), num_train=4, num_val=1, size=128)
+    options = ('optim_wrapper.clip_grad=None',
+               'optim_wrapper.constructor=ColumnarLayerDecayOptimizerConstructor',
+               'optim_wrapper.paramwise_cfg.decay_rate=0.65', 'model.backbone.with_cp=True')
+    ddp, _ = _seg_train(data, tmp_path / 'ddp', sharded=False, options=options)
+    r0 = read_checkpoint(str(ddp / 'rank0.pth'))
+    init = tmp_path / 'init.pth'
+    torch.save(dict(state_dict={**r0['initial'], **r0['initial_buffers']}), init)
+    work, log = _seg_train(data, tmp_path / 'fsdp', sharded=True,
+                           options=(*options, f'load_from={init}'))
+    assert 'layer-wise lr decay 0.65 over 24 blocks' in log
+    f0 = read_checkpoint(str(work / 'rank0.pth'))
+    assert f0['wrapper'] == 'CPUFullyShardedDataParallel'
+    assert f0['units'] == 24 + 1
+    got, want = _saved(work, 2), _saved(ddp, 2)
+    assert got.keys() == want.keys()
+    assert sum(k.startswith('backbone.trunk.blocks.') for k in got) > 24 * 10
+    _assert_same_weights(got, want)
+    moved = [k for k, v in r0['initial'].items() if not torch.equal(got[k], v)]
+    assert len(moved) > 0.9 * len(r0['initial'])  # it did train

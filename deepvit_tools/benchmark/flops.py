@@ -20,7 +20,9 @@ How the count is taken:
 * Two-stage RoI heads run as mmdet's ``tools/analysis_tools/get_flops.py`` runs them (the
   detector's ``tensor`` mode, ``StandardRoIHead.forward``): the box head on ``max_per_img`` RoIs of
   the RPN's test config (1000 in the recipes) and the mask head on the first 100. Their cost does
-  not depend on the image (RoIAlign, an mmcv op, is not counted), so they run on real, small maps.
+  not depend on the image (RoIAlign, an mmcv op, is not counted): mmdet's ``SingleRoIExtractor``
+  is replaced by an empty output of its shape and the heads count on the meta device; a head with
+  another extractor runs on real, small maps.
 * Inference only: mmseg's auxiliary head (a training loss) counts in the parameters, as mmseg's
   ``get_flops`` counts it, but runs in no forward.
 
@@ -46,8 +48,9 @@ __all__ = ['DEFAULT_SHAPES', 'Part', 'FlopsReport', 'count_macs', 'attention_mac
 DEFAULT_SHAPES = {'det': (800, 1344), 'seg': (512, 512)}
 # mmdet's StandardRoIHead.forward (tensor mode) runs the mask head on this many RoIs
 _MASK_ROIS = 100
-# RoI heads' multiply-adds by (architecture, RoIs, input channels): they run for real (mmcv's
-# RoIAlign has no meta kernel), so a head counted once is not run again
+# RoI heads' multiply-adds by (architecture, RoIs, input channels): a head counted once a process
+# is not run again (one with another extractor than mmdet's runs for real: RoIAlign has no meta
+# kernel)
 _ROI_HEAD_MACS: Dict[tuple, int] = {}
 # Backbones' counts (their ``Part`` and meta outputs) by (task, backbone config, input shape): the
 # recipes of two heads on one backbone (Semantic FPN and UperNet) count it once a process
@@ -356,8 +359,9 @@ def model_flops(model: nn.Module, task: str, shape: Tuple[int, int], label: str 
                 backbone_key: Optional[str] = None) -> FlopsReport:
     """Count a built detector or segmentor at input ``shape`` (one image).
 
-    The model is moved to the ``meta`` device (its RoI head, if any, to real CPU memory): build
-    it for counting only, e.g. under ``torch.device('meta')``.
+    The model is moved to the ``meta`` device (a RoI head whose extractor is not mmdet's
+    ``SingleRoIExtractor`` to real CPU memory): build it for counting only, e.g. under
+    ``torch.device('meta')``.
 
     Args:
         model (nn.Module): An mmdet detector or mmseg segmentor (``backbone``, optional ``neck``,
@@ -403,14 +407,19 @@ def model_flops(model: nn.Module, task: str, shape: Tuple[int, int], label: str 
 
     roi_head = getattr(model, 'roi_head', None)
     if roi_head is not None:
-        roi_head = roi_head.to_empty(device='cpu') if _on_meta(roi_head) else roi_head
         rpn_cfg = (model.test_cfg or {}).get('rpn', {}) if hasattr(model, 'test_cfg') else {}
         n = int(rpn_cfg.get('max_per_img', 1000))
         key = (repr(roi_head), n, tuple(f.shape[1] for f in feats))
         if key not in _ROI_HEAD_MACS:  # the same head, the same count: once a process
-            small = [torch.zeros(1, f.shape[1], 16, 16) for f in feats]  # any size (docstring)
+            on_meta = _meta_roi_extractors(roi_head)
+            if on_meta is None:  # another extractor: the head runs for real, on small maps
+                roi_head = roi_head.to_empty(device='cpu') if _on_meta(roi_head) else roi_head
+                on_meta = contextlib.nullcontext()
+            device = next(roi_head.parameters()).device
+            small = [torch.zeros(1, f.shape[1], 16, 16, device=device) for f in feats]  # any size
             proposals = [_proposals(n, shape)]
-            _ROI_HEAD_MACS[key] = count_macs(lambda: roi_head(small, proposals), roi_head)['']
+            with on_meta:
+                _ROI_HEAD_MACS[key] = count_macs(lambda: roi_head(small, proposals), roi_head)['']
         report.parts['roi_head'] = Part(
             _params(roi_head), _ROI_HEAD_MACS[key],
             note=f'{n} RoIs' + (f', masks on {min(n, _MASK_ROIS)}' if roi_head.with_mask else ''))
@@ -424,6 +433,35 @@ def model_flops(model: nn.Module, task: str, shape: Tuple[int, int], label: str 
         raise RuntimeError(f'{label or type(model).__name__}: {_params(model) - counted} parameters '
                            'are outside the components counted (backbone, neck, heads)')
     return report
+
+
+def _meta_roi_extractors(roi_head: nn.Module) -> Optional[contextlib.AbstractContextManager]:
+    """Where every RoI extractor of ``roi_head`` is mmdet's ``SingleRoIExtractor`` (mmcv's
+    RoIAlign: no counted op, and no meta kernel), a context in which each returns an empty tensor
+    of its output's shape on the ``meta`` device, so that a head on the meta device counts without
+    computing; None for any other extractor (``CPUSingleRoIExtractor``'s gather multiplies)."""
+    from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
+    extractors = [m for m in roi_head.modules() if 'RoIExtractor' in type(m).__name__]
+    if not extractors or any(type(m) is not SingleRoIExtractor for m in extractors):
+        return None
+    if not _on_meta(roi_head):
+        return None
+
+    def empty_output(self, feats, rois, roi_scale_factor=None):
+        size = self.roi_layers[0].output_size
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        return torch.empty(len(rois), self.out_channels, *size, device='meta')
+
+    @contextlib.contextmanager
+    def patched():
+        for m in extractors:
+            m.forward = empty_output.__get__(m)
+        try:
+            yield
+        finally:
+            for m in extractors:
+                del m.forward
+    return patched()
 
 
 def _on_meta(m: nn.Module) -> bool:

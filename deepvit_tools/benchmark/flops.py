@@ -440,8 +440,8 @@ def _meta_roi_extractors(roi_head: nn.Module) -> Optional[contextlib.AbstractCon
     RoIAlign: no counted op, and no meta kernel), a context in which each returns an empty tensor
     of its output's shape on the ``meta`` device, so that a head on the meta device counts without
     computing; None for any other extractor (``CPUSingleRoIExtractor``'s gather multiplies)."""
-    from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
-    extractors = [m for m in roi_head.modules() if 'RoIExtractor' in type(m).__name__]
+    from mmdet.models.roi_heads.roi_extractors import BaseRoIExtractor, SingleRoIExtractor
+    extractors = [m for m in roi_head.modules() if isinstance(m, BaseRoIExtractor)]
     if not extractors or any(type(m) is not SingleRoIExtractor for m in extractors):
         return None
     if not _on_meta(roi_head):

@@ -233,14 +233,15 @@ def _saved(work, steps: int = ITERS) -> dict:
     return read_checkpoint(str(work / f'iter_{steps}.pth'))['state_dict']
 
 
-def _initial_weights(one_node, tmp_path) -> str:
-    """The weights the one-node DDP run started from, as a checkpoint for ``load_from``:
-    FlexibleRunner builds the model later than the Runner (after other random draws), so a
-    comparison starts both from the same file."""
+def _initial_weights(work, tmp_path) -> str:
+    """The weights (parameters and buffers) the DDP run in ``work`` started from (its rank 0's
+    dump), as a checkpoint file in ``tmp_path``: FlexibleRunner builds the model later than the
+    Runner (after other random draws), so a comparison starts both from the same file. Returns
+    its path."""
     init = tmp_path / 'init.pth'
-    r0 = read_checkpoint(str(one_node[0] / 'rank0.pth'))
+    r0 = read_checkpoint(str(work / 'rank0.pth'))
     torch.save(dict(state_dict={**r0['initial'], **r0['initial_buffers']}), init)
-    return f'load_from={init}'
+    return str(init)
 
 
 def _grad_norms(log: str) -> list:
@@ -253,7 +254,7 @@ def sharded(one_node, shapes, tmp_path_factory):
     start, whole checkpoints after steps 2, 4 and 6."""
     tmp = tmp_path_factory.mktemp('sharded')
     return _dist_train(shapes, tmp, 'torchrun', sharded=True,
-                       options=(_initial_weights(one_node, tmp),))
+                       options=(f'load_from={_initial_weights(one_node[0], tmp)}',))
 
 
 @needs_cpu_fsdp
@@ -285,7 +286,7 @@ def mmengine_fsdp(one_node, shapes, tmp_path_factory):
     tmp = tmp_path_factory.mktemp('mmengine_fsdp')
     # the start through the model's init_cfg: with state_dict_cfg='local' load_from would read
     # a folder of parts
-    init = _initial_weights(one_node, tmp).split('=', 1)[1]
+    init = _initial_weights(one_node[0], tmp)
     return _dist_train(shapes, tmp, 'torchrun', sharded=True, options=(
         'model.init_cfg.type=Pretrained', f'model.init_cfg.checkpoint={init}',
         'strategy.type=FSDPStrategy', 'train_cfg.max_iters=1',
@@ -630,9 +631,7 @@ def test_fsdp_trains_a_cait_segmentor_as_ddp_does(tmp_path):
                'optim_wrapper.constructor=ColumnarLayerDecayOptimizerConstructor',
                'optim_wrapper.paramwise_cfg.decay_rate=0.65', 'model.backbone.with_cp=True')
     ddp, _ = _seg_train(data, tmp_path / 'ddp', sharded=False, options=options)
-    r0 = read_checkpoint(str(ddp / 'rank0.pth'))
-    init = tmp_path / 'init.pth'
-    torch.save(dict(state_dict={**r0['initial'], **r0['initial_buffers']}), init)
+    init = _initial_weights(ddp, tmp_path)
     work, log = _seg_train(data, tmp_path / 'fsdp', sharded=True,
                            options=(*options, f'load_from={init}'))
     assert 'layer-wise lr decay 0.65 over 4 blocks' in log
@@ -643,5 +642,6 @@ def test_fsdp_trains_a_cait_segmentor_as_ddp_does(tmp_path):
     assert got.keys() == want.keys()
     assert sum(k.startswith('backbone.trunk.blocks.') for k in got) > len(EARLY) * 10
     _assert_same_weights(got, want)
-    moved = [k for k, v in r0['initial'].items() if not torch.equal(got[k], v)]
-    assert len(moved) > 0.9 * len(r0['initial'])  # it did train
+    start = read_checkpoint(str(ddp / 'rank0.pth'))['initial']
+    moved = [k for k, v in start.items() if not torch.equal(got[k], v)]
+    assert len(moved) > 0.9 * len(start)  # it did train

@@ -53,17 +53,59 @@ sys.path.insert(0, ROOT)
 
 import deepvit_mm  # noqa: E402,F401  (registers the backbones)
 
+
+# timm's test models of the families that have none (timm's own: test_vit, 64 wide, 2 heads, MLP
+# ratio 3): timm's model class as the family's smallest release builds it, that narrow, with its
+# 12 blocks (the taps 3/5/7/11). BEiT's smallest release is a base (86M parameters: its first 4
+# blocks took 0.25 s to build), EVA-02's a tiny (5.7M, 192 wide); their code (BEiT's relative
+# position bias of one grid and the padding to it, EVA-02's rotary embedding, SwiGLU and patch 14,
+# LayerScale) is the same at any width.
+_TEST_MODELS = {
+    'beit': ('test_beit', '_create_beit', dict(
+        patch_size=16, embed_dim=64, depth=12, num_heads=2, mlp_ratio=3, use_abs_pos_emb=False,
+        use_rel_pos_bias=True, init_values=1e-5)),  # as beitv2_base_patch16_224
+    'eva': ('test_eva', '_create_eva', dict(
+        img_size=224, patch_size=14, embed_dim=64, depth=12, num_heads=2, mlp_ratio=3 * 2 / 3,
+        swiglu_mlp=True, use_rot_pos_emb=True, ref_feat_shape=(16, 16))),  # as eva02_tiny_patch14_224
+}
+
+
+def _register_test_models() -> None:
+    """Registers ``_TEST_MODELS`` in timm's registry as timm registers its own, each a name of its
+    timm module (so that the family, whose arch table is that module's names, takes it), where the
+    timm release has none of that name."""
+    import importlib
+
+    import timm
+    from timm.models._registry import register_model
+    for module, (name, create, model_args) in _TEST_MODELS.items():
+        if name in timm.list_models(module=module):
+            continue
+        mod = importlib.import_module(f'timm.models.{module}')
+
+        def entrypoint(pretrained=False, _name=name, _create=getattr(mod, create),
+                       _args=model_args, **kwargs):
+            return _create(_name, pretrained=pretrained, **dict(_args, **kwargs))
+
+        entrypoint.__name__, entrypoint.__module__ = name, mod.__name__
+        mod.default_cfgs[name] = mod._cfg()  # its pretrained config: no weights to download
+        register_model(entrypoint)
+
+
+_register_test_models()
+
 CONFIG_DIR = os.path.join(ROOT, 'configs')
 DEMO_DET = os.path.join(CONFIG_DIR, 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 DEMO_SEG = os.path.join(CONFIG_DIR, 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 # timm's families take any name of their timm modules (their arch tables are timm's registry): the
 # tests take each at its smallest size and at a larger one with another trait (patch 14 with
-# register tokens, a distillation token); BEiT's smallest is a base (86M parameters).
+# register tokens, a distillation token); BEiT's and EVA-02's smallest are test models of timm's
+# test size (_TEST_MODELS), beside timm's smallest BEiT, a base (its structure, on the meta device).
 TIMM_FAMILY_ARCHS = {
     'TimmViT': ('vit_tiny_patch16_224', 'deit_tiny_distilled_patch16_224',
                 'vit_small_patch14_reg4_dinov2'),
-    'TimmEVA': ('eva02_tiny_patch14_224', 'eva02_small_patch14_224'),
-    'TimmBEiT': ('beitv2_base_patch16_224',),
+    'TimmEVA': ('test_eva', 'eva02_small_patch14_224'),
+    'TimmBEiT': ('test_beit', 'beitv2_base_patch16_224'),
 }
 
 

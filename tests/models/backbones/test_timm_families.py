@@ -113,7 +113,7 @@ def test_pyramid_choice_and_its_taps_are_checked():
 
 # ------------------------------------------------------------------------------ sizes
 def test_patch_14_taps_are_resampled_to_the_16_pixel_grid():
-    m = _small('TimmEVA').eval()  # eva02_tiny_patch14_224
+    m = _small('TimmEVA').eval()  # test_eva: patch 14
     assert (m.patch_size, m.tap_stride) == (14, 16)
     with torch.no_grad():
         outs = m(torch.randn(2, 3, 70, 100))  # padded to 96 x 128: 7 x 10 patches of 14 (padded)

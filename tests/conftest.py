@@ -53,7 +53,6 @@ sys.path.insert(0, ROOT)
 
 import deepvit_mm  # noqa: E402,F401  (registers the backbones)
 
-
 # timm's test models of the families that have none (timm's own: test_vit, 64 wide, 2 heads, MLP
 # ratio 3): timm's model class as the family's smallest release builds it, that narrow, with its
 # 12 blocks (the taps 3/5/7/11). BEiT's smallest release is a base (86M parameters: its first 4

@@ -157,8 +157,11 @@ def test_make_test_runs_the_avx2_pass_unless_the_suite_ran_on_its_kernels(tmp_pa
     fake.write_text(f'#!/bin/sh\necho "${{ATEN_CPU_CAPABILITY-none}} $*" >> "{log}"\n'
                     f'case "$1" in tests/kernels.py) exit {0 if already else 1} ;; esac\n')
     fake.chmod(0o755)
+    # (a make that runs this test passes its command line's variables, `make test-fast
+    # TEST_WORKERS=0`, to the make started here in MAKEFLAGS)
     env = {k: v for k, v in os.environ.items()
-           if k not in ('ATEN_CPU_CAPABILITY', 'ONEDNN_MAX_CPU_ISA', 'VIRTUAL_ENV', 'TEST_WORKERS')}
+           if k not in ('ATEN_CPU_CAPABILITY', 'ONEDNN_MAX_CPU_ISA', 'VIRTUAL_ENV', 'TEST_WORKERS',
+                        'MAKEFLAGS', 'MFLAGS', 'MAKELEVEL', 'MAKEOVERRIDES')}
     res = subprocess.run(['make', '-s', '-o', 'setup', '-o', 'lint', 'test', f'PY={fake}'],
                          cwd=os.path.dirname(TESTS), env=env, capture_output=True, text=True,
                          timeout=60)

@@ -8,6 +8,8 @@
 * tiny data: ``seg_inputs`` (a segmentation batch), ``finite_loss_and_grads`` (one training step
   of a built model), the ``shapes`` COCO-format demo dataset, ``official_xcit_state_dict``;
 * ``randomize_`` (non-trivial BatchNorm statistics and LayerScale, so that comparisons see them);
+* timm test models of BEiT and EVA-02 (``_TEST_MODELS``: timm has none), the families' smallest
+  archs in ``TIMM_FAMILY_ARCHS``;
 * ``server``: a local HTTP server for URL checkpoints; ``logged``: what went to mmengine's
   ``print_log``.
 

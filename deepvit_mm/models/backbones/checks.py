@@ -22,7 +22,7 @@ import torch.nn as nn
 from ...compat.torch import autocast_enabled
 from ...tracing import in_graph_capture
 
-__all__ = ['check_arguments', 'check_out_indices', 'check_input',
+__all__ = ['check_arguments', 'check_out_indices', 'check_compile_blocks', 'check_input',
            'check_finite', 'free_memory']
 
 
@@ -80,6 +80,23 @@ def check_arguments(name: str, drop_path_rate, norm_cfg, frozen_stages) -> None:
         raise TypeError(f'{name}: frozen_stages must be an int: -1 (nothing frozen), 0 (patch '
                         'embedding) or k (also the first k blocks; the number of blocks used '
                         f'freezes the whole trunk); got {frozen_stages!r}.')
+
+
+def check_compile_blocks(name: str, compile_blocks) -> Optional[dict]:
+    """``compile_blocks`` as ``torch.compile``'s options: None (off, ``False``), ``{}`` (``True``)
+    or the dict given; else ``TypeError`` saying what to pass."""
+    if isinstance(compile_blocks, bool):
+        return {} if compile_blocks else None
+    if isinstance(compile_blocks, Mapping):
+        import inspect
+        known = set(inspect.signature(torch.compile).parameters) - {'model'}
+        unknown = sorted(set(compile_blocks) - known)
+        if unknown:
+            raise TypeError(f'{name}: compile_blocks={dict(compile_blocks)} has no torch.compile '
+                            f'option {", ".join(unknown)}; its options: {", ".join(sorted(known))}.')
+        return dict(compile_blocks)
+    raise TypeError(f'{name}: compile_blocks must be True, False or a dict of torch.compile\'s '
+                    f"options (e.g. dict(mode='max-autotune')), got {compile_blocks!r}.")
 
 
 def check_input(backbone: nn.Module, x: torch.Tensor) -> None:

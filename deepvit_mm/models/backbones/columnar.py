@@ -31,10 +31,17 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 
 from ...compat.timm import drop_pruned_classifier_parameters
-from ...compat.torch import BatchNormBase, autocast_enabled
+from ...compat.torch import BatchNormBase, autocast_enabled, blocks_compile_problem
 from ...tracing import in_graph_capture
 from .arch_table import ArchSpec
-from .checks import check_arguments, check_finite, check_input, check_out_indices, free_memory
+from .checks import (
+    check_arguments,
+    check_compile_blocks,
+    check_finite,
+    check_input,
+    check_out_indices,
+    free_memory,
+)
 from .columnar_pyramid import PAPER_STRIDES, ColumnarPyramid
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 from .weights import ColumnarWeights
@@ -102,6 +109,7 @@ class ColumnarArgs:
     with_cp: bool
     pad_input: bool
     trunk_kwargs: Dict[str, Any]
+    compile_blocks: Optional[Dict[str, Any]] = None
     family: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -177,6 +185,15 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         with_cp (bool): Gradient checkpointing of every block (timm's own, which recomputes
             each block in the backward pass; BatchNorm statistics are updated once per step, not
             again by the recomputation). Default: False.
+        compile_blocks (bool | dict): Compile every block's attention and MLP in place with
+            ``torch.compile`` (``nn.Module.compile``: the state dict keeps its keys, so
+            checkpoints load and resume as without it), with dynamic sizes: every block's copy of
+            a part is one graph for every input size (a recipe's multi-scale training compiles
+            each part once). A dict gives ``torch.compile``'s options (``mode``, ``backend``,
+            ``options``; ``dynamic`` defaults to True). What runs around those parts (norms,
+            residuals, stochastic depth, a family's own layers) stays eager. Needs a torch whose
+            dynamo inlines modules (``compat.torch.blocks_compile_problem``: torch 2.13, not 2.1).
+            docs/training.md#compiling-the-backbone has what it gains. Default: False.
         pad_input (bool): Zero-pad the input at the bottom/right to a multiple of the largest
             output stride, so that every level is exactly ``H/s``. Default: True.
         pyramid (str): ``'columnar'``: the XCiT paper's adapter, one tap per level (appendix
@@ -228,6 +245,8 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         if args.with_cp:
             enable_grad_checkpointing(self.trunk)
         self._freeze_stages()
+        if args.compile_blocks is not None:
+            self._compile_blocks(args.compile_blocks)
 
     @classmethod
     def parse_args(cls, arch: str, out_indices: Optional[Sequence[int]] = None,
@@ -235,7 +254,9 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                    drop_path_rate: Optional[float] = None, norm_cfg: Optional[dict] = None,
                    frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
                    pad_input: bool = True, pyramid: str = 'columnar',
-                   layer_scale_init: Optional[float] = None, **trunk_kwargs) -> ColumnarArgs:
+                   layer_scale_init: Optional[float] = None,
+                   compile_blocks: Union[bool, Mapping[str, Any]] = False,
+                   **trunk_kwargs) -> ColumnarArgs:
         """The constructor's arguments (the class docstring's, ``init_cfg`` and ``pretrained``
         aside) checked, with what they fix, building nothing; a family adds its own arguments.
         Raises ``TypeError``/``ValueError`` saying what to pass."""
@@ -260,7 +281,8 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             layer_scale=spec.eta if layer_scale_init is None else layer_scale_init,
             norm_cfg=norm_cfg or dict(type='BN', requires_grad=True),
             frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp,
-            trunk_kwargs=dict(trunk_kwargs))
+            trunk_kwargs=dict(trunk_kwargs),
+            compile_blocks=check_compile_blocks(name, compile_blocks))
         cls._check_layout(args)
         return args
 
@@ -519,6 +541,22 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
                              f'or False, got {mode!r}')
         self._fast_path = mode if mode == 'auto' else bool(mode)
         self._apply_fast_path(self._fast_path)
+
+    # ----------------------------------------------------------------- compiled blocks
+    def _compiled_modules(self) -> List[nn.Module]:
+        """What ``compile_blocks`` compiles: every block's attention and MLP (timm's ``attn`` and
+        ``mlp``), most of a block's arithmetic; a family leaves out a part inductor cannot take."""
+        return [m for blk in self.trunk.blocks for m in (getattr(blk, 'attn', None),
+                                                         getattr(blk, 'mlp', None))
+                if isinstance(m, nn.Module)]
+
+    def _compile_blocks(self, options: Mapping[str, Any]) -> None:
+        problem = blocks_compile_problem()
+        if problem is not None:
+            raise RuntimeError(f'{type(self).__name__}: compile_blocks: {problem}')
+        options = {'dynamic': True, **options}
+        for m in self._compiled_modules():
+            m.compile(**options)
 
     # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:

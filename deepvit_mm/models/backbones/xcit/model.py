@@ -20,7 +20,7 @@ from timm.models.xcit import checkpoint_filter_fn
 from ....registry import register_model
 from ..arch_table import ArchTable
 from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks
-from .fast import xca_block_forward, xca_block_forward_auto
+from .fast import xca_block_forward, xca_block_forward_auto, xca_block_forward_auto_compiled
 from .qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
 
 __all__ = ['XCiT']
@@ -140,7 +140,9 @@ class XCiT(ColumnarBackbone):
         # The faster forward is installed on each block instance, so timm's own
         # forward_intermediates (its gradient checkpointing included) and forward hooks on the
         # blocks work unchanged; removing it restores timm's XCABlock.forward.
-        fwd = {True: xca_block_forward, 'auto': xca_block_forward_auto}.get(mode)
+        auto = xca_block_forward_auto if self.args.compile_blocks is None else \
+            xca_block_forward_auto_compiled
+        fwd = {True: xca_block_forward, 'auto': auto}.get(mode)
         for blk in self.trunk.blocks:
             if fwd is None:
                 blk.__dict__.pop('forward', None)

@@ -1,0 +1,172 @@
+"""``compile_blocks``: every block's attention and MLP compiled in place by ``torch.compile``, with
+dynamic sizes. Checked: the switch's arguments and the torch it needs, the state dict's keys (a
+compiled run's checkpoint loads into an eager model and back), one compilation a part over a
+recipe's whole multi-scale shape range, and the demo models' loss and gradients compiled as in
+eager."""
+import math
+
+import pytest
+import torch
+from conftest import CONFIG_DIR, DEMO_DET, DEMO_SEG, EARLY, build_model
+
+from deepvit_mm import CaiT, TimmViT, XCiT
+from deepvit_mm.compat.torch import blocks_compile_problem
+from deepvit_mm.models.backbones import columnar
+from deepvit_mm.models.backbones.xcit import fast
+
+needs_inlining = pytest.mark.skipif(blocks_compile_problem() is not None,
+                                    reason='this torch cannot compile the blocks (the refusal '
+                                           'is tested)')
+
+
+@pytest.mark.parametrize('value', [1, 'yes', ['max-autotune']])
+def test_compile_blocks_takes_a_bool_or_torch_compile_options(value):
+    with pytest.raises(TypeError, match='compile_blocks must be True, False or a dict'):
+        XCiT.parse_args('nano_12_p16', compile_blocks=value)
+    with pytest.raises(TypeError, match='no torch.compile option fullgraf'):
+        XCiT.parse_args('nano_12_p16', compile_blocks=dict(fullgraf=True))
+    assert XCiT.parse_args('nano_12_p16').compile_blocks is None
+    assert XCiT.parse_args('nano_12_p16', compile_blocks=True).compile_blocks == {}
+    assert XCiT.parse_args('nano_12_p16', compile_blocks=dict(mode='max-autotune')
+                           ).compile_blocks == dict(mode='max-autotune')
+
+
+def test_a_torch_that_cannot_compile_the_blocks_is_refused_at_build(monkeypatch):
+    """Where dynamo does not inline modules (torch 2.1: each block's copy of a part its own
+    graph), building with the switch on says so and what to do; elsewhere the refusal is made to
+    happen."""
+    if blocks_compile_problem() is None:
+        monkeypatch.setattr(columnar, 'blocks_compile_problem', lambda: 'this torch cannot.')
+    with pytest.raises(RuntimeError, match=r'XCiT: compile_blocks: .*(cannot|compile_blocks off)'):
+        XCiT('nano_12_p16', out_indices=EARLY, compile_blocks=True)
+
+
+@needs_inlining
+@pytest.mark.parametrize('family,arch', [(XCiT, 'nano_12_p16'), (CaiT, 'xxs24'),
+                                         (TimmViT, 'vit_tiny_patch16_224')])
+def test_compiled_in_place_keeps_the_state_dict_and_its_keys(family, arch):
+    """Compiled in place, the modules stay where they were: a checkpoint of the compiled model
+    loads strictly into an eager one and back. Nothing is compiled before a call."""
+    eager = family(arch, out_indices=EARLY)
+    compiled = family(arch, out_indices=EARLY, compile_blocks=True)
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    parts = compiled._compiled_modules()  # attention and MLP; CaiT: the MLP (its chunk loop)
+    assert len(parts) == (1 if family is CaiT else 2) * len(compiled.trunk.blocks)
+    assert all(p._compiled_call_impl is not None for p in parts)
+    assert all(getattr(m, '_compiled_call_impl', None) is None
+               for m in compiled.modules() if all(m is not p for p in parts))
+    eager.load_state_dict(compiled.state_dict(), strict=True)
+    compiled.load_state_dict(eager.state_dict(), strict=True)
+
+
+@needs_inlining
+def test_xcit_auto_under_compile_is_its_own_rule():
+    """``gram_xca='auto'`` with the blocks compiled: the rule measured for compiled blocks
+    (``xca_block_forward_auto_compiled``); True and False as without compiling."""
+    m = XCiT('nano_12_p16', out_indices=EARLY, compile_blocks=True)
+    assert all(blk.forward.__func__ is fast.xca_block_forward_auto_compiled
+               for blk in m.trunk.blocks)
+    assert all(blk.forward.__func__ is fast.xca_block_forward_auto
+               for blk in XCiT('nano_12_p16', out_indices=EARLY).trunk.blocks)
+    m.gram_xca = True
+    assert all(blk.forward.__func__ is fast.xca_block_forward for blk in m.trunk.blocks)
+    m.gram_xca = False
+    assert all('forward' not in blk.__dict__ for blk in m.trunk.blocks)
+
+
+def _recipe_sizes(config: str):
+    """The padded input sizes a multi-scale recipe trains at: every scale of its resizes (short
+    side, long side at most; those before a crop too), landscape 4:3 and portrait 3:4 images and
+    the longest allowed, each padded to the data preprocessor's divisor."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(config)
+    scales = set()
+
+    def find(node):
+        if isinstance(node, dict):
+            if node.get('type') == 'RandomChoiceResize':
+                scales.update(tuple(s) for s in node['scales'])
+            for v in node.values():
+                find(v)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                find(v)
+    find(cfg.train_pipeline)
+    div = cfg.model.data_preprocessor.pad_size_divisor
+    sizes = set()
+    for short, long in sorted(scales):
+        for h, w in [(short, min(long, round(short * 4 / 3))), (min(long, round(short * 4 / 3)),
+                                                                  short), (short, long)]:
+            sizes.add((math.ceil(h / div) * div, math.ceil(w / div) * div))
+    return sorted(sizes)
+
+
+@needs_inlining
+@pytest.mark.slow
+def test_one_compilation_a_part_over_a_recipes_shapes():
+    """Training steps (forward and backward, drop path on) at every padded size of the Mask R-CNN
+    3x recipes' multi-scale training (short side 400-800, long side up to 1333: 40 sizes), the
+    blocks compiled by dynamo and AOTAutograd as inductor gets them (``backend='aot_eager'``:
+    the graphs and their guards without inductor's code generation), XCiT-N12/16 on its first 4
+    blocks: at most 8 compilations in all (a part's graph each; XCiT's attention
+    is compiled where it runs timm's forward, not on the CPU's large inputs, which take the
+    faster forward). CaiT's compiled parts, its MLPs, have nothing that depends on the size.
+    ~16 s: 40 steps at up to 800 x 1344."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    sizes = _recipe_sizes(f'{CONFIG_DIR}/mask_rcnn_xcit_s12_8_3x.py')
+    assert len(sizes) > 30 and max(max(s) for s in sizes) == 1344
+    torch._dynamo.reset()
+    counters.clear()
+    m = XCiT('nano_12_p16', out_indices=EARLY, drop_path_rate=0.1,
+             compile_blocks=dict(backend='aot_eager')).train()
+    for h, w in sizes:
+        sum(o.mean() for o in m(torch.randn(1, 3, h, w))).backward()
+    graphs = counters['stats']['unique_graphs']
+    assert 1 <= graphs <= 8, (graphs, dict(counters['recompile_reasons']))
+    assert not counters['graph_break'], dict(counters['graph_break'])
+    torch._dynamo.reset()
+
+
+def _loss_and_grads(config: str, compile_blocks: bool):
+    """One float32 forward and backward of ``config``'s model (drop path 0.1, timm's XCiT forward)
+    on a synthetic batch of two 128 x 128 images: the loss and every parameter's gradient."""
+    from mmengine.config import Config
+
+    from deepvit_tools.benchmark.batches import synthetic_data
+    cfg = Config.fromfile(config)
+    cfg.model.backbone.update(drop_path_rate=0.1, compile_blocks=compile_blocks, gram_xca=False)
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    task = 'seg' if 'decode_head' in cfg.model else 'det'
+    classes = (cfg.model.decode_head if task == 'seg' else cfg.model.roi_head.bbox_head).num_classes
+    data = model.data_preprocessor(
+        synthetic_data(task, (128, 128), batch=2, seed=0, num_classes=classes), True)
+    torch.manual_seed(1)  # the drop-path draws: the same in both runs
+    loss, _ = model.parse_losses(model(**data, mode='loss'))
+    loss.backward()
+    return float(loss), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@needs_inlining
+@pytest.mark.slow
+def test_the_demo_models_compiled_give_eagers_loss_and_gradients():
+    """The detection and segmentation demos' models (XCiT-N12/8 and N12/16, 128 wide), drop path
+    on, eager and with the blocks compiled by inductor (``fallback_random``: its random numbers
+    are torch's): the loss within 1e-6 and every gradient within 1e-4 relative of eager's (the
+    same model on 1 thread against 2 differs by ~1e-6); a gradient zero up to rounding within
+    1e-7 of the largest. ~25 s: inductor compiles the attention
+    and the MLP, forward and backward, once for both (the same width)."""
+    import torch._inductor.config as inductor_config
+    for config in (DEMO_DET, DEMO_SEG):
+        eager_loss, eager = _loss_and_grads(config, False)
+        with inductor_config.patch(fallback_random=True):
+            loss, grads = _loss_and_grads(config, True)
+        assert abs(loss - eager_loss) <= 1e-6 * abs(eager_loss), (config, loss, eager_loss)
+        assert grads.keys() == eager.keys() and len(grads) > 100
+        # relative to the gradient itself, or to a thousandth of the largest where the gradient is
+        # zero up to rounding (a bias before a BatchNorm)
+        floor = 1e-3 * max(g.norm() for g in eager.values())
+        worst = max((((grads[n] - g).norm() / torch.maximum(g.norm(), floor)).item(), n)
+                    for n, g in eager.items())
+        assert worst[0] <= 1e-4, (config, worst)

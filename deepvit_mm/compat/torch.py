@@ -49,8 +49,8 @@ from ..version import FEATURE_FLOORS, release
 __all__ = [
     'TORCH_VERSION', 'is_compiling', 'is_exporting', 'autocast_enabled', 'autocast_dtype',
     'cpu_grad_scaler', 'cpu_float16_training_problem', 'onnx_dynamo_export_problem',
-    'cpu_fsdp_problem', 'blocks_compile_problem', 'NORM_LAYERS', 'BatchNormBase', 'ConvBase', 'in_backward',
-    'cpu_has_bfloat16', 'sdpa_takes_float_masks_under_autocast'
+    'cpu_fsdp_problem', 'blocks_compile_problem', 'NORM_LAYERS', 'BatchNormBase', 'ConvBase',
+    'in_backward', 'cpu_has_bfloat16', 'sdpa_takes_float_masks_under_autocast'
 ]
 
 

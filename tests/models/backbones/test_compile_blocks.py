@@ -1,13 +1,13 @@
 """``compile_blocks``: every block's attention and MLP compiled in place by ``torch.compile``, with
 dynamic sizes. Checked: the switch's arguments and the torch it needs, the state dict's keys (a
 compiled run's checkpoint loads into an eager model and back), one compilation a part over a
-recipe's whole multi-scale shape range, and the demo models' loss and gradients compiled as in
-eager."""
+recipe's whole multi-scale shape range, and the segmentation demo's loss and gradients compiled
+as in eager."""
 import math
 
 import pytest
 import torch
-from conftest import CONFIG_DIR, DEMO_SEG, EARLY, build_model
+from conftest import CONFIG_DIR, DEMO_SEG, EARLY, build_model, seg_inputs
 
 from deepvit_mm import CaiT, XCiT
 from deepvit_mm.compat.torch import blocks_compile_problem
@@ -129,20 +129,16 @@ def test_one_compilation_a_part_over_a_recipes_shapes():
     torch._dynamo.reset()
 
 
-def _loss_and_grads(config: str, compile_blocks: bool):
-    """One float32 forward and backward of ``config``'s model (drop path 0.1, timm's XCiT forward)
-    on a synthetic batch of two 128 x 128 images: the loss and every parameter's gradient."""
+def _loss_and_grads(compile_blocks: bool):
+    """One float32 forward and backward of the segmentation demo's model (drop path 0.1, timm's
+    XCiT forward) on a batch of two 128 x 128 images: the loss and every parameter's gradient."""
     from mmengine.config import Config
-
-    from deepvit_tools.benchmark.batches import synthetic_data
-    cfg = Config.fromfile(config)
+    cfg = Config.fromfile(DEMO_SEG)
     cfg.model.backbone.update(drop_path_rate=0.1, compile_blocks=compile_blocks, gram_xca=False)
     torch.manual_seed(0)
     model = build_model(cfg).train()
-    task = 'seg' if 'decode_head' in cfg.model else 'det'
-    classes = (cfg.model.decode_head if task == 'seg' else cfg.model.roi_head.bbox_head).num_classes
     data = model.data_preprocessor(
-        synthetic_data(task, (128, 128), batch=2, seed=0, num_classes=classes), True)
+        seg_inputs(2, 128, 128, num_classes=cfg.model.decode_head.num_classes), True)
     torch.manual_seed(1)  # the drop-path draws: the same in both runs
     loss, _ = model.parse_losses(model(**data, mode='loss'))
     loss.backward()
@@ -160,15 +156,14 @@ def test_the_segmentation_demo_compiled_gives_eagers_loss_and_gradients():
     thread), cause not found (docs/training.md#compiling-the-backbone). ~18 s: inductor compiles
     the attention and the MLP, forward and backward."""
     import torch._inductor.config as inductor_config
-    for config in (DEMO_SEG,):
-        eager_loss, eager = _loss_and_grads(config, False)
-        with inductor_config.patch(fallback_random=True):
-            loss, grads = _loss_and_grads(config, True)
-        assert abs(loss - eager_loss) <= 1e-6 * abs(eager_loss), (config, loss, eager_loss)
-        assert grads.keys() == eager.keys() and len(grads) > 100
-        # relative to the gradient itself, or to a thousandth of the largest where the gradient is
-        # zero up to rounding (a bias before a BatchNorm)
-        floor = 1e-3 * max(g.norm() for g in eager.values())
-        worst = max((((grads[n] - g).norm() / torch.maximum(g.norm(), floor)).item(), n)
-                    for n, g in eager.items())
-        assert worst[0] <= 1e-4, (config, worst)
+    eager_loss, eager = _loss_and_grads(False)
+    with inductor_config.patch(fallback_random=True):
+        loss, grads = _loss_and_grads(True)
+    assert abs(loss - eager_loss) <= 1e-6 * abs(eager_loss), (loss, eager_loss)
+    assert grads.keys() == eager.keys() and len(grads) > 100
+    # relative to the gradient itself, or to a thousandth of the largest where the gradient is
+    # zero up to rounding (a bias before a BatchNorm)
+    floor = 1e-3 * max(g.norm() for g in eager.values())
+    worst = max((((grads[n] - g).norm() / torch.maximum(g.norm(), floor)).item(), n)
+                for n, g in eager.items())
+    assert worst[0] <= 1e-4, worst

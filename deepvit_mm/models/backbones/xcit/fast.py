@@ -227,8 +227,8 @@ def xca_block_forward_auto_compiled(blk: nn.Module, x: torch.Tensor, H: int,
     this way against 0.305 s through timm's forward with its attention compiled); elsewhere
     timm's ``XCABlock.forward``, whose attention is then compiled too (H100, S12/8 fp16 training
     step compiled: timm's forward 56.8 ms against the faster forward's 64.4; docs/speed.md)."""
-    if x.device.type == 'cpu' and fast_path_helps(x):
-        return xca_block_forward(blk, x, H, W)
+    if x.device.type == 'cpu':
+        return xca_block_forward_auto(blk, x, H, W)
     return type(blk).forward(blk, x, H, W)
 
 

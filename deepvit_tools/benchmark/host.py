@@ -16,6 +16,19 @@ backbone alone. Each figure is the median over ``steps`` steps issued back to ba
 before every backbone call, the two device reads the backbones made on every call until they made
 them only where they cost nothing (``torch.isfinite(x).all()`` and ``torch.cuda.mem_get_info``;
 ``'reads per call'``), interleaved in one process.
+
+``host_split`` says where the host's time to queue a step goes, from ``torch.profiler``'s events
+of a few profiled steps (the profiler's own cost inflates them: compare its parts with each other
+and with the profiled step, not with ``host_ms``):
+
+* ``profiled_ms``: the host's time per profiled step;
+* ``ops_ms``: inside torch's operators (the outermost ``aten::`` calls and compiled regions of
+  the forward, and the backward's functions on autograd's threads): the dispatcher, the
+  operators' host code and the kernel launches;
+* ``launch_ms``: of which in the CUDA runtime's launch calls;
+* ``python_ms``: the rest, ``profiled_ms - ops_ms``: Python around the operators (modules, hooks,
+  the step's own code);
+* ``kernels``: the kernels (and device copies and fills) launched per step.
 """
 import statistics
 import time
@@ -28,7 +41,11 @@ from .batches import backbone_input
 from .measure import pass_runner
 from .models import build_backbone
 
-__all__ = ['host_profile']
+__all__ = ['host_profile', 'host_split']
+
+# the CUDA runtime's and driver's calls that launch a kernel
+_LAUNCHES = ('cudaLaunchKernel', 'cudaLaunchKernelExC', 'cuLaunchKernel', 'cuLaunchKernelEx',
+             'cudaGraphLaunch', 'cudaMemcpyAsync', 'cudaMemsetAsync')
 
 
 def _device_reads(module, args) -> None:
@@ -70,26 +87,83 @@ def _waits(run) -> int:
     return sum('synchroniz' in str(w.message) for w in caught)
 
 
+def _outermost(event, names: Tuple[str, ...]) -> bool:
+    """Whether no caller of ``event`` (on its thread) is itself a counted call."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(names):
+            return False
+        parent = parent.cpu_parent
+    return True
+
+
+def host_split(events, steps: int, profiled_s: float) -> Dict[str, float]:
+    """Where the host's time of ``steps`` profiled steps went, per step (module docstring).
+
+    Args:
+        events: ``torch.profiler.profile(...).events()`` of the ``steps`` steps.
+        steps (int): Steps profiled.
+        profiled_s (float): The host's wall time of those steps, in seconds.
+    """
+    from torch.autograd import DeviceType
+    ops = ('aten::', 'autograd::engine::evaluate_function', 'CompiledFunction',
+           'Torch-Compiled Region')
+    ops_us = launch_us = kernels = 0
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            kernels += 1
+        elif e.name.startswith(_LAUNCHES):
+            launch_us += e.cpu_time_total
+        elif e.name.startswith(ops) and _outermost(e, ops):
+            ops_us += e.cpu_time_total
+    profiled_ms = 1e3 * profiled_s / steps
+    ops_ms = ops_us / 1e3 / steps
+    return dict(profiled_ms=profiled_ms, ops_ms=ops_ms, launch_ms=launch_us / 1e3 / steps,
+                python_ms=profiled_ms - ops_ms, kernels=kernels / steps)
+
+
+def _profiled(run, steps: int, trace: Optional[str]) -> Dict[str, float]:
+    """``host_split`` of ``steps`` profiled steps (CPU and CUDA); a Chrome trace into ``trace``."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            run()
+        host = time.perf_counter() - start
+        torch.cuda.synchronize()
+    if trace:
+        prof.export_chrome_trace(trace)
+    return host_split(prof.events(), steps, host)
+
+
 def host_profile(arch: str, size: Tuple[int, int] = (800, 1344), batch: int = 2,
                  dtype: str = 'fp16', steps: int = 20, warmup: int = 5, rounds: int = 3,
                  trace: Optional[str] = None, **kwargs) -> Dict[str, dict]:
     """The training step of ``arch`` on CUDA without and with the per-call device reads,
-    interleaved ``rounds`` times (each figure: the median over the rounds' medians).
+    interleaved ``rounds`` times (each figure: the median over the rounds' medians), and where
+    the host's time to queue a step goes (``host_split`` of 3 profiled steps without the reads).
 
     Args:
-        arch (str): A backbone arch (``small_12_p16``); ``kwargs`` go to its constructor.
+        arch (str): A backbone arch (``small_12_p16``); ``kwargs`` go to its constructor
+            (``compile_blocks=True``: its blocks compiled; the first call's time is reported).
         trace (str, optional): Also write a Chrome trace (``torch.profiler``, CPU and CUDA) of
-            3 steps without the reads to this file.
+            the 3 profiled steps to this file.
 
     Returns:
         dict: ``{'as built': {...}, 'reads per call': {...}}`` with ``step_ms``, ``host_ms``,
-        ``device_ms``, ``waits``.
+        ``device_ms``, ``waits``; ``'split'``: ``host_split``'s figures and ``first_call_s``.
     """
     device = 'cuda'
     model = build_backbone(arch, **kwargs).to(device)
     x = backbone_input(size, batch, device)
     run = pass_runner(model, lambda: model(x), 'train', device, dtype)
-    for _ in range(warmup):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    run()
+    torch.cuda.synchronize()
+    first_call_s = time.perf_counter() - start
+    for _ in range(warmup - 1):
         run()
     results: Dict[str, list] = {'as built': [], 'reads per call': []}
     for _ in range(rounds):
@@ -101,12 +175,7 @@ def host_profile(arch: str, size: Tuple[int, int] = (800, 1344), batch: int = 2,
             finally:
                 if hook is not None:
                     hook.remove()
-    if trace:
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                run()
-            torch.cuda.synchronize()
-        prof.export_chrome_trace(trace)
-    return {name: {k: statistics.median(r[k] for r in rounds_) for k in rounds_[0]}
-            for name, rounds_ in results.items()}
+    out = {name: {k: statistics.median(r[k] for r in rounds_) for k in rounds_[0]}
+           for name, rounds_ in results.items()}
+    out['split'] = dict(_profiled(run, 3, trace), first_call_s=first_call_s)
+    return out

@@ -686,3 +686,55 @@ def test_model_state_bytes_counts_weights_gradients_and_adamw_moments():
 def test_profile_host_without_cuda_says_so(in_process):
     run = in_process('tools/analysis/profile_host.py', '--arch', 'nano_12_p16', cwd=ROOT)
     assert run.returncode == 1 and 'no CUDA device is visible' in run.stderr + run.stdout, run
+
+
+def _event(name, us=0.0, parent=None, cuda=False):
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    return SimpleNamespace(name=name, cpu_time_total=us, cpu_parent=parent,
+                           device_type=DeviceType.CUDA if cuda else DeviceType.CPU)
+
+
+def test_host_split_counts_outermost_operators_launches_and_kernels():
+    """What each figure of the host's split is made of, on events as the profiler gives them:
+    nested operators counted once (the outermost), launch calls apart, kernels by device."""
+    from deepvit_tools.benchmark.host import host_split
+    linear = _event('aten::linear', 900)
+    addmm = _event('aten::addmm', 800, parent=linear)
+    launch = _event('cudaLaunchKernel', 50, parent=addmm)
+    backward = _event('autograd::engine::evaluate_function: AddmmBackward0', 600)
+    inner = _event('aten::mm', 500, parent=backward)
+    compiled = _event('Torch-Compiled Region: 0/0', 300)
+    triton = _event('cuLaunchKernel', 20, parent=compiled)
+    kernels = [_event('gemm_kernel', 5, cuda=True) for _ in range(6)]
+    events = [linear, addmm, launch, backward, inner, compiled, triton] + kernels
+    split = host_split(events, steps=2, profiled_s=0.004)  # 2 ms a step
+    assert split == dict(profiled_ms=2.0, ops_ms=(900 + 600 + 300) / 1e3 / 2,
+                         launch_ms=(50 + 20) / 1e3 / 2, python_ms=2.0 - 0.9, kernels=3.0)
+
+
+def test_host_split_of_a_real_profile_puts_python_apart_from_operators():
+    """A profiled step that sleeps 20 ms in Python and multiplies matrices: the sleep lands in
+    ``python_ms``, the products in ``ops_ms``, and the two add up to the step (on CPU: no kernel,
+    no launch)."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from deepvit_tools.benchmark.host import host_split
+    a = torch.randn(256, 256)
+
+    def step():
+        time.sleep(0.02)
+        for _ in range(20):
+            torch.nn.functional.linear(a, a)
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        step()
+        host = time.perf_counter() - start
+    split = host_split(prof.events(), 1, host)
+    assert split['kernels'] == 0 and split['launch_ms'] == 0
+    assert split['python_ms'] >= 20 and 0 < split['ops_ms'] < split['profiled_ms'] - 20
+    assert split['python_ms'] + split['ops_ms'] == pytest.approx(split['profiled_ms'])

@@ -1,6 +1,7 @@
 """The host's side of a backbone's training step on a GPU: the host's time to queue a step
 against the step's time, and the calls that make the host wait for the device, with and without
-a read of the device on every call (deepvit_tools/benchmark/host.py says how).
+a read of the device on every call, and where the host's time goes (deepvit_tools/benchmark/host.py
+says how); ``--compile-blocks`` also profiles each arch with its blocks compiled.
 
     python tools/analysis/profile_host.py --arch small_12_p16 --size 800 1344 --batch 2
 """
@@ -20,6 +21,8 @@ def parse_args():
     parser.add_argument('--dtype', choices=['fp32', 'bf16', 'fp16'], default='fp16')
     parser.add_argument('--steps', type=int, default=20, help='timed steps a round')
     parser.add_argument('--rounds', type=int, default=3, help='interleaved rounds')
+    parser.add_argument('--compile-blocks', action='store_true',
+                        help='also profile each arch built with compile_blocks=True')
     parser.add_argument('--trace', metavar='DIR', help='write a Chrome trace per arch here')
     parser.add_argument('--json', metavar='FILE', help='also write the results to FILE')
     return parser.parse_args()
@@ -33,21 +36,35 @@ def main():
     import deepvit_mm  # noqa: F401
     from deepvit_tools.benchmark import environment, markdown_table
     from deepvit_tools.benchmark.host import host_profile
-    rows, results = [], {}
+    rows, splits, results = [], [], {}
+    variants = [('', {})] + ([(', compiled blocks', dict(compile_blocks=True))]
+                             if args.compile_blocks else [])
     for arch in args.arch:
-        trace = os.path.join(args.trace, f'{arch}.json') if args.trace else None
-        if trace:
-            os.makedirs(args.trace, exist_ok=True)
-        results[arch] = host_profile(arch, tuple(args.size), args.batch, args.dtype,
-                                     args.steps, rounds=args.rounds, trace=trace)
-        for name, r in results[arch].items():
-            rows.append([arch, name, f"{r['step_ms']:.1f}", f"{r['host_ms']:.1f}",
-                         f"{r['device_ms']:.1f}", f"{r['waits']:g}"])
+        for label, kwargs in variants:
+            name = arch + label
+            trace = os.path.join(args.trace, name.replace(', ', '_').replace(' ', '_') + '.json') \
+                if args.trace else None
+            if trace:
+                os.makedirs(args.trace, exist_ok=True)
+            results[name] = host_profile(arch, tuple(args.size), args.batch, args.dtype,
+                                         args.steps, rounds=args.rounds, trace=trace, **kwargs)
+            split = results[name].pop('split')
+            for reads, r in results[name].items():
+                rows.append([name, reads, f"{r['step_ms']:.1f}", f"{r['host_ms']:.1f}",
+                             f"{r['device_ms']:.1f}", f"{r['waits']:g}"])
+            splits.append([name, f"{split['first_call_s']:.1f}", f"{split['kernels']:.0f}",
+                           f"{split['profiled_ms']:.1f}", f"{split['ops_ms']:.1f}",
+                           f"{split['launch_ms']:.1f}", f"{split['python_ms']:.1f}"])
+            results[name]['split'] = split
     print(f'{args.size[0]}x{args.size[1]}, batch {args.batch}, {args.dtype}, training step '
           f'(forward + backward), median of {args.rounds} interleaved rounds of {args.steps} '
           'steps; ' + ', '.join(f'{k}: {v}' for k, v in environment('cuda').items()))
     print('\n'.join(markdown_table(['arch', 'device reads', 'step ms', 'host ms', 'device ms',
                                     'waits a step'], rows)))
+    print('\nWhere the host\'s time goes (3 profiled steps, as built; ms per step):')
+    print('\n'.join(markdown_table(['arch', 'first call s', 'kernels a step', 'profiled step',
+                                    'in operators', 'of which launches', 'Python around them'],
+                                   splits)))
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(results, f, indent=1)

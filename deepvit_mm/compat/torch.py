@@ -37,7 +37,8 @@ Private torch APIs, each with the reason it is used and the releases it was test
   (torch 2.4+; torch 2.1: the CPU's flags in ``/proc/cpuinfo``).
 """
 import functools
-from typing import Any, Optional, Tuple
+import os
+from typing import Any, Mapping, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -49,8 +50,9 @@ from ..version import FEATURE_FLOORS, release
 __all__ = [
     'TORCH_VERSION', 'is_compiling', 'is_exporting', 'autocast_enabled', 'autocast_dtype',
     'cpu_grad_scaler', 'cpu_float16_training_problem', 'onnx_dynamo_export_problem',
-    'cpu_fsdp_problem', 'blocks_compile_problem', 'NORM_LAYERS', 'BatchNormBase', 'ConvBase',
-    'in_backward', 'cpu_has_bfloat16', 'sdpa_takes_float_masks_under_autocast'
+    'cpu_fsdp_problem', 'blocks_compile_problem', 'inductor_cache_problem', 'NORM_LAYERS',
+    'BatchNormBase', 'ConvBase', 'in_backward', 'cpu_has_bfloat16',
+    'sdpa_takes_float_masks_under_autocast'
 ]
 
 
@@ -184,6 +186,25 @@ def blocks_compile_problem() -> Optional[str]:
             'step, against 2 and 21 s with torch 2.13.0, whose dynamo inlines the modules). Leave '
             'compile_blocks off here, or use a torch with nn.Module.compile and '
             'torch._dynamo.config.inline_inbuilt_nn_modules (torch 2.13.0 is tested).')
+
+
+def inductor_cache_problem(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """None unless torch's CPU kernels are capped by ``ATEN_CPU_CAPABILITY`` while
+    ``torch.compile``'s kernels go to inductor's shared cache (``TORCHINDUCTOR_CACHE_DIR`` unset),
+    else what goes wrong and what to set: the cache's keys do not tell the instruction sets apart,
+    so a kernel compiled under another setting is loaded as it is (torch 2.13.0: a compiled timm
+    MLP's outputs 69 % off under ``avx2`` with kernels compiled for AVX-512, and a crashed process
+    the other way round; docs/training.md#compiling-the-backbone)."""
+    env = os.environ if environ is None else environ
+    isa = env.get('ATEN_CPU_CAPABILITY', '')
+    if not isa or isa == 'default' or env.get('TORCHINDUCTOR_CACHE_DIR'):
+        return None
+    return (f'ATEN_CPU_CAPABILITY={isa} is set and torch.compile keeps its kernels in inductor\'s '
+            'shared cache (TORCHINDUCTOR_CACHE_DIR is unset), whose keys do not tell the '
+            'instruction sets apart: a kernel compiled there under another ATEN_CPU_CAPABILITY '
+            'is loaded as it is and computes wrong values or crashes the process. Set '
+            'TORCHINDUCTOR_CACHE_DIR to a folder of this setting\'s own, e.g. '
+            f'/tmp/torchinductor_{isa}.')
 
 
 # --------------------------------------------------------------------------------------------

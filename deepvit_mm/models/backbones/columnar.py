@@ -8,6 +8,7 @@ convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_
 import dataclasses
 import difflib
 import re
+import warnings
 from typing import (
     Any,
     Callable,
@@ -31,7 +32,12 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 
 from ...compat.timm import drop_pruned_classifier_parameters
-from ...compat.torch import BatchNormBase, autocast_enabled, blocks_compile_problem
+from ...compat.torch import (
+    BatchNormBase,
+    autocast_enabled,
+    blocks_compile_problem,
+    inductor_cache_problem,
+)
 from ...tracing import in_graph_capture
 from .arch_table import ArchSpec
 from .checks import (
@@ -193,6 +199,8 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             ``options``; ``dynamic`` defaults to True). What runs around those parts (norms,
             residuals, stochastic depth, a family's own layers) stays eager. Needs a torch whose
             dynamo inlines modules (``compat.torch.blocks_compile_problem``: torch 2.13, not 2.1).
+            Warns where ``ATEN_CPU_CAPABILITY`` is set and inductor's cache is shared
+            (``compat.torch.inductor_cache_problem``).
             docs/training.md#compiling-the-backbone has what it gains. Default: False.
         pad_input (bool): Zero-pad the input at the bottom/right to a multiple of the largest
             output stride, so that every level is exactly ``H/s``. Default: True.
@@ -554,6 +562,9 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
         problem = blocks_compile_problem()
         if problem is not None:
             raise RuntimeError(f'{type(self).__name__}: compile_blocks: {problem}')
+        problem = inductor_cache_problem()
+        if problem is not None:
+            warnings.warn(f'{type(self).__name__}: compile_blocks: {problem}', stacklevel=3)
         options = {'dynamic': True, **options}
         for m in self._compiled_modules():
             m.compile(**options)

@@ -25,7 +25,8 @@ and with the profiled step, not with ``host_ms``):
 * ``ops_ms``: inside torch's operators (the outermost ``aten::`` calls and compiled regions of
   the forward, and the backward's functions on autograd's threads): the dispatcher, the
   operators' host code and the kernel launches;
-* ``launch_ms``: of which in the CUDA runtime's launch calls;
+* ``launch_ms``: of which in the CUDA runtime's and driver's calls that queue a kernel, a copy
+  or a fill;
 * ``python_ms``: the rest, ``profiled_ms - ops_ms``: Python around the operators (modules, hooks,
   the step's own code);
 * ``kernels``: the kernels (and device copies and fills) launched per step.
@@ -43,7 +44,7 @@ from .models import build_backbone
 
 __all__ = ['host_profile', 'host_split']
 
-# the CUDA runtime's and driver's calls that launch a kernel
+# the CUDA runtime's and driver's calls that queue device work: kernels, copies, fills
 _LAUNCHES = ('cudaLaunchKernel', 'cudaLaunchKernelExC', 'cuLaunchKernel', 'cuLaunchKernelEx',
              'cudaGraphLaunch', 'cudaMemcpyAsync', 'cudaMemsetAsync')
 

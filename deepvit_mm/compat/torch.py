@@ -38,7 +38,7 @@ Private torch APIs, each with the reason it is used and the releases it was test
 """
 import functools
 import os
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -188,16 +188,15 @@ def blocks_compile_problem() -> Optional[str]:
             'torch._dynamo.config.inline_inbuilt_nn_modules (torch 2.13.0 is tested).')
 
 
-def inductor_cache_problem(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def inductor_cache_problem() -> Optional[str]:
     """None unless torch's CPU kernels are capped by ``ATEN_CPU_CAPABILITY`` while
     ``torch.compile``'s kernels go to inductor's shared cache (``TORCHINDUCTOR_CACHE_DIR`` unset),
     else what goes wrong and what to set: the cache's keys do not tell the instruction sets apart,
     so a kernel compiled under another setting is loaded as it is (torch 2.13.0: a compiled timm
     MLP's outputs 69 % off under ``avx2`` with kernels compiled for AVX-512, and a crashed process
     the other way round; docs/training.md#compiling-the-backbone)."""
-    env = os.environ if environ is None else environ
-    isa = env.get('ATEN_CPU_CAPABILITY', '')
-    if not isa or isa == 'default' or env.get('TORCHINDUCTOR_CACHE_DIR'):
+    isa = os.environ.get('ATEN_CPU_CAPABILITY', '')
+    if not isa or isa == 'default' or os.environ.get('TORCHINDUCTOR_CACHE_DIR'):
         return None
     return (f'ATEN_CPU_CAPABILITY={isa} is set and torch.compile keeps its kernels in inductor\'s '
             'shared cache (TORCHINDUCTOR_CACHE_DIR is unset), whose keys do not tell the '

@@ -688,27 +688,29 @@ def test_profile_host_without_cuda_says_so(in_process):
     assert run.returncode == 1 and 'no CUDA device is visible' in run.stderr + run.stdout, run
 
 
-def _event(name, us=0.0, parent=None, cuda=False):
+def _event(name, start=0.0, end=0.0, thread=0, cuda=False):
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType
-    return SimpleNamespace(name=name, cpu_time_total=us, cpu_parent=parent,
+    return SimpleNamespace(name=name, cpu_time_total=end - start, thread=thread,
+                           time_range=SimpleNamespace(start=start, end=end),
                            device_type=DeviceType.CUDA if cuda else DeviceType.CPU)
 
 
 def test_host_split_counts_outermost_operators_launches_and_kernels():
     """What each figure of the host's split is made of, on events as the profiler gives them:
-    nested operators counted once (the outermost), launch calls apart, kernels by device."""
+    nested operators counted once (the outermost), on each thread, launch calls apart, kernels
+    by device."""
     from deepvit_tools.benchmark.host import host_split
-    linear = _event('aten::linear', 900)
-    addmm = _event('aten::addmm', 800, parent=linear)
-    launch = _event('cudaLaunchKernel', 50, parent=addmm)
-    backward = _event('autograd::engine::evaluate_function: AddmmBackward0', 600)
-    inner = _event('aten::mm', 500, parent=backward)
-    compiled = _event('Torch-Compiled Region: 0/0', 300)
-    triton = _event('cuLaunchKernel', 20, parent=compiled)
-    kernels = [_event('gemm_kernel', 5, cuda=True) for _ in range(6)]
-    events = [linear, addmm, launch, backward, inner, compiled, triton] + kernels
+    events = [
+        _event('aten::linear', 0, 900),
+        _event('aten::addmm', 50, 850),  # inside the linear
+        _event('cudaLaunchKernel', 100, 150),
+        _event('autograd::engine::evaluate_function: AddmmBackward0', 0, 600, thread=1),
+        _event('aten::mm', 50, 550, thread=1),  # inside the backward function
+        _event('Torch-Compiled Region: 0/0', 1000, 1300),
+        _event('cuLaunchKernel', 1100, 1120),
+    ] + [_event('gemm_kernel', 0, 5, cuda=True) for _ in range(6)]
     split = host_split(events, steps=2, profiled_s=0.004)  # 2 ms a step
     assert split == dict(profiled_ms=2.0, ops_ms=(900 + 600 + 300) / 1e3 / 2,
                          launch_ms=(50 + 20) / 1e3 / 2, python_ms=2.0 - 0.9, kernels=3.0)

@@ -1,0 +1,4 @@
+"""Pictures of what a model computes: its maps laid over the image they were computed from."""
+from .align import align_to_image, valid_grid
+
+__all__ = ['align_to_image', 'valid_grid']

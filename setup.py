@@ -116,6 +116,9 @@ setup(
         'packaging',  # deepvit_mm.version compares versions by PEP 440
         'safetensors',
         'filelock',  # one download per cache (deepvit_mm.checkpoints.fetch)
+        # pkg_resources, gone from setuptools 82: mmengine 0.10 (its last) resolves a config's
+        # `_base_ = 'mmdet::...'` through it, and mim starts only with it (docs/install.md)
+        'setuptools<82',
     ],
     extras_require={
         # mmdet and/or mmsegmentation: `.[det]`, `.[seg]`, `.[all]` (import needs one of them)

@@ -11,21 +11,27 @@ import sys
 from importlib import metadata
 from typing import Dict, List, Optional, Tuple
 
-from .version import FAMILIES, FLOORS, LIMITS, PYTHON, SUPPORTED, TESTED, release, supported
+from .version import (ALSO_TESTED, FAMILIES, FLOORS, LIMITS, PYTHON, SUPPORTED, TESTED, release,
+                      supported)
 
 __all__ = ['check_versions', 'python_problem', 'python_range', 'version_problems', 'numpy_problem',
            'tested_versions', 'installed_families', 'family_install', 'missing_family_message']
 
-FIX = ('Set up a tested stack: `make setup` (torch 2.13.0) or `make setup STACK=torch2.1` (torch '
-       '2.1.0, numpy < 2), or in an existing environment pin the rest with its constraints: '
+FIX = (f'Set up a tested stack: `make setup` (torch {TESTED["newest"]["torch"]}) or `make setup '
+       f'STACK=torch2.1` (torch {TESTED["torch2.1"]["torch"]}, numpy < 2), or in an existing '
+       'environment pin the rest with its constraints: '
        'pip install -c requirements/constraints.txt -e ".[all]"  (torch 2.1: '
        '-c requirements/constraints-torch2.1.txt; mmcv: MMCV_WITH_OPS=1 pip install '
        '--no-build-isolation mmcv==2.1.0, or OpenMMLab\'s wheel for your torch)')
 
 
 def tested_versions(pkg: str) -> str:
-    """``'2.1.0 and 2.13.0'``: the versions of ``pkg`` in the tested stacks."""
-    return ' and '.join(sorted({s[pkg] for s in TESTED.values()}, key=release))
+    """``'2.1.0, 2.14.1 and 2.15.0'``: the versions of ``pkg`` in the tested stacks and
+    ``ALSO_TESTED``."""
+    versions = {s[pkg] for s in TESTED.values()} | ({ALSO_TESTED[pkg]} if pkg in ALSO_TESTED else set())
+    versions = sorted(versions, key=release)
+    return ' and '.join(versions) if len(versions) < 3 else \
+        ', '.join(versions[:-1]) + ' and ' + versions[-1]
 
 
 def _version(pkg: str, installed: Optional[Dict[str, Optional[str]]] = None) -> Optional[str]:
@@ -89,7 +95,8 @@ def python_problem(python: Optional[str] = None) -> Optional[str]:
     python = python or '.'.join(map(str, sys.version_info[:2]))
     if supported('python', python):
         return None
-    why = ('torch 2.13 publishes no wheels for it' if release(python) < release(PYTHON[0])
+    newest = '.'.join(TESTED['newest']['torch'].split('.')[:2])
+    why = (f'torch {newest} publishes no wheels for it' if release(python) < release(PYTHON[0])
            else 'not tested')
     return f'Python {python} is not supported (need Python {python_range()}): {why}'
 

@@ -14,13 +14,18 @@ TESTED = {
                      python='3.10', torch='2.1.0', torchvision='0.16.0', numpy='1.26.4', mmcv='2.1.0',
                      mmengine='0.10.3', mmdet='3.3.0', mmsegmentation='1.2.2', timm='1.0.16'),
     'newest': dict(files=('requirements/torch.txt', 'requirements/constraints.txt'),
-                   python='3.13', torch='2.13.0', torchvision='0.28.0', numpy='2.4.6', mmcv='2.1.0',
+                   python='3.13', torch='2.14.1', torchvision='0.29.1', numpy='2.4.6', mmcv='2.1.0',
                    mmengine='0.10.7', mmdet='3.3.0', mmsegmentation='1.2.2', timm='1.0.31'),
 }
 
+# Releases newer than the newest stack's that the whole suite ran on once, outside CI, each in a
+# virtualenv that held it before the set-up ran (docs/install.md#where-the-whole-suite-ran): the
+# range reaches their minor's patch releases.
+ALSO_TESTED = {'torch': '2.15.0', 'torchvision': '0.29.2'}
+
 # The Pythons (lower inclusive, upper exclusive) each stack is set up and tested on; CI runs each
 # stack on its `python` above, the ends of these ranges. torch 2.1 publishes no wheels beyond
-# Python 3.11, torch 2.13 none below 3.10. tools/setup_env.sh reads this table (as a literal,
+# Python 3.11, torch 2.14 none below 3.10. tools/setup_env.sh reads this table (as a literal,
 # without importing anything) and refuses any other Python before it installs anything.
 PYTHONS = {
     'torch2.1': ('3.10', '3.12'),
@@ -30,12 +35,12 @@ PYTHONS = {
 PYTHON = ('3.10', '3.14')
 
 # What `import deepvit_mm` accepts: from the oldest tested release up to and including the patch
-# releases of the newest tested minor (lower inclusive, upper exclusive). Releases in between the
+# releases of the newest tested minor (TESTED and ALSO_TESTED; lower inclusive, upper exclusive). Releases in between the
 # two stacks take the code paths of one of them (deepvit_mm/compat/torch.py picks by feature, not
 # by version); what is known to break in between is checked by deepvit_mm/_deps.py.
 SUPPORTED = {
-    'torch': ('2.1.0', '2.14.0'),
-    'torchvision': ('0.16.0', '0.29.0'),
+    'torch': ('2.1.0', '2.16.0'),
+    'torchvision': ('0.16.0', '0.30.0'),
     'mmcv': ('2.1.0', '2.2.0'),
     'mmengine': ('0.10.3', '0.11.0'),
     'mmdet': ('3.3.0', '3.4.0'),
@@ -60,7 +65,7 @@ def supported(pkg: str, version: str) -> bool:
     """Whether ``import deepvit_mm`` accepts ``version`` of ``pkg`` (``'python'``: of Python, in
     ``PYTHON``): within ``SUPPORTED[pkg]`` (lower inclusive, upper exclusive) by PEP 440, local
     builds (``+cu118``) included; a pre-release is accepted inside the range, never one of the
-    upper bound (``2.14.0rc1`` is outside ``<2.14.0``)."""
+    upper bound (``2.16.0rc1`` is outside ``<2.16.0``)."""
     lo, hi = PYTHON if pkg == 'python' else SUPPORTED[pkg]
     return SpecifierSet(f'>={lo},<{hi}').contains(version, prereleases=True)
 
@@ -68,10 +73,6 @@ def supported(pkg: str, version: str) -> bool:
 # Why the range ends where it does, where more than "not tested" is known
 # (docs/install.md#supported-versions).
 LIMITS = {
-    'torch': 'torch 2.14 cannot build mmcv 2.1.0: its headers need C++20 ("#error C++20 or later '
-             'compatible compiler is required to use ATen") and mmcv\'s setup.py passes '
-             '-std=c++17, which CXXFLAGS cannot override; OpenMMLab publishes no mmcv 2.1.0 wheel '
-             'for it',
     'mmcv': 'mmdet 3.3.0 and mmsegmentation 1.2.2 refuse mmcv >= 2.2.0 at import',
 }
 # Why the range starts where it does, where more than "not tested" is known.

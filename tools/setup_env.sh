@@ -2,7 +2,7 @@
 # Create (or use) the Python environment of one tested stack and install whatever is missing.
 # Idempotent: a second run checks the stamp of the last one and returns in a quarter of a second. Used by `make demo` and `make test`.
 #
-#   STACK=newest (default)   torch 2.13.0 + torchvision 0.28.0 (requirements/torch.txt), the rest
+#   STACK=newest (default)   torch 2.14.1 + torchvision 0.29.1 (requirements/torch.txt), the rest
 #                            pinned by requirements/constraints.txt, in .venv
 #   STACK=torch2.1           torch 2.1.0 + torchvision 0.16.0 (requirements/torch2.1.txt, the release
 #                            OpenMMLab's mmcv 2.1.0 wheels for torch 2.1 are built against) + numpy < 2, the rest
@@ -20,7 +20,8 @@
 #   - mmcv 2.1.0 with its ops: a wheel from PIP_FIND_LINKS or from this script's own cache
 #     (~/.cache/deepvit_mm/wheels/torch-<version>/, DEEPVIT_MM_WHEELS to move it), else compiled
 #     once (~18 min on 2 cores) into that cache, from the registry's source with mmcv's
-#     get_version mended for Python 3.13 and setuptools < 82 while it builds (its setup.py imports
+#     get_version mended for Python 3.13, its -std=c++17 raised to C++20 for torch >= 2.14 (whose
+#     headers refuse anything older), and setuptools < 82 while it builds (its setup.py imports
 #     pkg_resources; the stack's own setuptools is put back after). A wheel built for another torch fails
 #     `import mmcv.ops` ("undefined symbol"): such an mmcv is removed and built again, and pip's
 #     wheel cache is never used for it (it keys a local build by its source, not by the torch)
@@ -156,19 +157,8 @@ build_mmcv() {  # $1: the folder the wheel goes to
     tar -xzf "$work/sdist/mmcv-2.1.0.tar.gz" -C "$work" && src="$work/mmcv-2.1.0"
   fi
   [ -n "$src" ] || { cat "$work/download.log" >&2; echo "[setup] could not fetch mmcv 2.1.0's source" >&2; exit 1; }
-  "$PY" - "$src/setup.py" <<'PYEOF'
-import sys
-path = sys.argv[1]
-text = open(path).read()
-old = ("        exec(compile(f.read(), version_file, 'exec'))\n"
-       "    return locals()['__version__']")
-new = ("        ns = {}\n"
-       "        exec(compile(f.read(), version_file, 'exec'), ns)\n"
-       "    return ns['__version__']")
-if old not in text and new not in text:
-    sys.exit(f"[setup] {path}: mmcv's get_version is not the one this script mends")
-open(path, 'w').write(text.replace(old, new))
-PYEOF
+  # get_version for Python 3.13, -std=c++20 for torch >= 2.14 (tools/mmcv_build.py says why)
+  "$PY" "$ROOT/tools/mmcv_build.py" mend "$src/setup.py"
   MMCV_WITH_OPS=1 FORCE_CUDA="${FORCE_CUDA:-0}" MAX_JOBS="${MAX_JOBS:-2}" PIP_FIND_LINKS= \
     "$PY" -m pip wheel --disable-pip-version-check --no-deps --no-build-isolation --no-cache-dir \
     -w "$1" "$src"
@@ -176,6 +166,8 @@ PYEOF
   rm -rf "$work"
 }
 mmcv_ok() { "$PY" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '2.1.0'" 2>/dev/null; }
+# its compiled ops run and give what they must (nms, RoIAlign forward and backward)
+mmcv_ops_ok() { "$PY" "$ROOT/tools/mmcv_build.py" check; }
 if ! mmcv_ok; then
   if "$PY" -m pip show -q mmcv 2>/dev/null; then
     echo "[setup] the installed mmcv does not import with this torch (built for another one?): replacing it"
@@ -196,6 +188,7 @@ if ! mmcv_ok; then
     PIP_FIND_LINKS="$CACHE" "${PIP[@]}" --only-binary mmcv "${MMCV[@]}"
     mmcv_ok || { echo "[setup] mmcv 2.1.0 was built but 'import mmcv.ops' fails" >&2; exit 1; }
   fi
+  mmcv_ops_ok
 fi
 
 # deepvit_mm and the rest; then the check that it changed none of torch, torchvision and mmcv

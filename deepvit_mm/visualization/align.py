@@ -8,11 +8,12 @@ stretching the whole map over the image would shift and squash it by the padding
 cropped to the cells that see the image (its valid region), then resized to the original image.
 
 Each axis is treated on its own, from the map's actual height and width: a map of ``h x w`` cells
-over a ``pad_h x pad_w`` input has strides ``pad_h / h`` and ``pad_w / w``; no square grid is
-assumed.
+over a ``pad_h x pad_w`` input has strides ``pad_h / h`` and ``pad_w / w``, unless the caller knows
+the strides (a backbone that pads further inside, as BEiT pads to its position grid, has more
+cells than the input it was given); no square grid is assumed.
 """
 import math
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +30,22 @@ def _hw(shape: Sequence[int], name: str) -> Tuple[int, int]:
     return h, w
 
 
+Stride = Union[float, Tuple[float, float]]
+
+
+def _strides(stride: Optional[Stride], grid: Tuple[int, int],
+             pad: Tuple[int, int]) -> Tuple[float, float]:
+    if stride is None:
+        return pad[0] / grid[0], pad[1] / grid[1]
+    sy, sx = (stride, stride) if isinstance(stride, (int, float)) else stride
+    if not (sy > 0 and sx > 0):
+        raise ValueError(f'stride {stride!r}: give a positive stride or (stride_h, stride_w)')
+    return float(sy), float(sx)
+
+
 def valid_grid(grid_shape: Sequence[int], img_shape: Sequence[int],
-               pad_shape: Optional[Sequence[int]] = None) -> Tuple[int, int]:
+               pad_shape: Optional[Sequence[int]] = None,
+               stride: Optional[Stride] = None) -> Tuple[int, int]:
     """The cells of a map that see the image rather than the padding.
 
     Args:
@@ -39,10 +54,12 @@ def valid_grid(grid_shape: Sequence[int], img_shape: Sequence[int],
             sample's ``img_shape``).
         pad_shape (Sequence[int], optional): ``(H, W)`` of the padded input the map was computed
             on (the data sample's ``pad_shape``). Default: None (no padding: ``img_shape``).
+        stride (float | tuple[float, float], optional): The map's stride in pixels of the
+            input, one or ``(stride_h, stride_w)``. Default: None (``pad_H / h``, ``pad_W / w``).
 
     Returns:
-        tuple[int, int]: ``(ceil(H / stride_h), ceil(W / stride_w))`` with ``stride_h = pad_H / h``
-        and ``stride_w = pad_W / w``, at least 1 and at most ``(h, w)``.
+        tuple[int, int]: ``(ceil(H / stride_h), ceil(W / stride_w))``, at least 1 and at most
+        ``(h, w)``.
 
     Raises:
         ValueError: a shape that is not a positive ``(height, width)``, or an image larger than
@@ -54,15 +71,16 @@ def valid_grid(grid_shape: Sequence[int], img_shape: Sequence[int],
     if img_h > pad_h or img_w > pad_w:
         raise ValueError(f'img_shape {(img_h, img_w)} is larger than pad_shape {(pad_h, pad_w)}: '
                          'img_shape is the image before padding, pad_shape after')
-    # img / stride = img * cells / pad; the small tolerance keeps an exact multiple exact
-    vh = math.ceil(img_h * h / pad_h - 1e-6)
-    vw = math.ceil(img_w * w / pad_w - 1e-6)
+    sy, sx = _strides(stride, (h, w), (pad_h, pad_w))
+    # the small tolerance keeps an exact multiple exact (pad / cells in floating point)
+    vh = math.ceil(img_h / sy - 1e-6)
+    vw = math.ceil(img_w / sx - 1e-6)
     return min(max(vh, 1), h), min(max(vw, 1), w)
 
 
 def align_to_image(maps: torch.Tensor, img_shape: Sequence[int],
                    pad_shape: Optional[Sequence[int]], ori_shape: Sequence[int],
-                   mode: str = 'bilinear') -> torch.Tensor:
+                   stride: Optional[Stride] = None, mode: str = 'bilinear') -> torch.Tensor:
     """A map (or a stack of maps) of the padded network input, at the original image's size.
 
     The map is cropped to its valid cells (``valid_grid``); those cells cover
@@ -76,6 +94,8 @@ def align_to_image(maps: torch.Tensor, img_shape: Sequence[int],
         img_shape (Sequence[int]): ``(H, W)`` of the resized image before padding.
         pad_shape (Sequence[int], optional): ``(H, W)`` of the padded input. None: no padding.
         ori_shape (Sequence[int]): ``(H, W)`` of the original image.
+        stride (float | tuple[float, float], optional): As ``valid_grid`` takes it. Default:
+            None (``pad_H / h``, ``pad_W / w``).
         mode (str): ``torch.nn.functional.interpolate``'s mode. Default: ``'bilinear'``.
 
     Returns:
@@ -92,11 +112,12 @@ def align_to_image(maps: torch.Tensor, img_shape: Sequence[int],
     img_h, img_w = _hw(img_shape, 'img_shape')
     pad_h, pad_w = _hw(pad_shape, 'pad_shape') if pad_shape is not None else (img_h, img_w)
     ori_h, ori_w = _hw(ori_shape, 'ori_shape')
-    vh, vw = valid_grid((h, w), (img_h, img_w), (pad_h, pad_w))
+    vh, vw = valid_grid((h, w), (img_h, img_w), (pad_h, pad_w), stride)
+    sy, sx = _strides(stride, (h, w), (pad_h, pad_w))
     x = x[:, :vh, :vw]
-    # the valid cells' extent in pixels of the resized image (pad / cells is the stride)
-    cover_h = max(round(vh * pad_h / h), img_h)
-    cover_w = max(round(vw * pad_w / w), img_w)
+    # the valid cells' extent in pixels of the resized image
+    cover_h = max(round(vh * sy), img_h)
+    cover_w = max(round(vw * sx), img_w)
     kw = dict(align_corners=False) if mode in ('bilinear', 'bicubic') else {}
     x = F.interpolate(x[None], size=(cover_h, cover_w), mode=mode, **kw)[0]
     x = x[:, :img_h, :img_w]

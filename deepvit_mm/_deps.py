@@ -11,8 +11,7 @@ import sys
 from importlib import metadata
 from typing import Dict, List, Optional, Tuple
 
-from .version import (ALSO_TESTED, FAMILIES, FLOORS, LIMITS, PYTHON, SUPPORTED, TESTED, release,
-                      supported)
+from .version import ALSO_TESTED, FAMILIES, FLOORS, LIMITS, PYTHON, SUPPORTED, TESTED, release, supported
 
 __all__ = ['check_versions', 'python_problem', 'python_range', 'version_problems', 'numpy_problem',
            'tested_versions', 'installed_families', 'family_install', 'missing_family_message']

@@ -268,3 +268,24 @@ def test_ci_runs_each_stack_on_its_python_and_setup_takes_the_pythons_of_version
     assert PYTHONS['newest'][1] == PYTHON[1]
     with open(os.path.join(root, 'tools', 'setup_env.sh')) as f:
         assert "'PYTHONS'" in f.read()
+
+
+def test_the_environment_has_pkg_resources():
+    """mmengine 0.10 resolves ``_base_ = 'mmdet::...'`` through ``pkg_resources`` and openmim
+    0.3.9 imports it at start-up; setuptools 82 removed it. The package requires what setup.py
+    says (``setuptools<82``) and the installed setuptools meets it, so every route of the README
+    ends with it: ``make setup`` on both stacks, the constraints routes, a plain ``pip install``."""
+    import importlib.util
+    import os
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, 'setup.py')) as f:
+        (line,) = re.findall(r"'(setuptools[<>=!][^']*)'", f.read())
+    assert metadata.version('setuptools') in Requirement(line).specifier, line
+    assert importlib.util.find_spec('pkg_resources') is not None
+    for stack in TESTED.values():  # and both stacks pin one that has it
+        with open(os.path.join(root, stack['files'][1])) as f:
+            pinned = re.search(r'^setuptools==(\S+)', f.read(), re.M).group(1)
+        assert pinned in Requirement(line).specifier, (stack['files'][1], pinned)

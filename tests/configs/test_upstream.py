@@ -72,3 +72,50 @@ def test_a_package_base_without_pkg_resources_names_the_setuptools(tmp_path, no_
         read_config(str(cfg))
     assert str(e.value) == f'{cfg}: {PKG_RESOURCES_GONE}' and 'setuptools<82' in str(e.value)
     assert e.value.__suppress_context__
+
+
+def _docs_package_examples() -> list:
+    """(page, library, config text) of every config example in docs/ whose base is an installed
+    library's (``_base_ = 'mmdet::...'`` or ``'mmseg::...'``), as OpenMMLab teaches them."""
+    import re
+
+    from conftest import ROOT
+    found = []
+    for page in sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md'))):
+        with open(page) as f:
+            for block in re.findall(r'^```python\n(.*?)^```', f.read(), flags=re.M | re.S):
+                m = re.match(r"_base_ = '(mmdet|mmseg)::", block)
+                if m:
+                    found.append((os.path.basename(page), m.group(1), block))
+    return found
+
+
+DOCS_EXAMPLES = _docs_package_examples()
+
+
+def test_the_docs_have_package_base_examples():
+    assert {lib for _, lib, _ in DOCS_EXAMPLES} == {'mmdet', 'mmseg'}, DOCS_EXAMPLES
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('page,library,text', DOCS_EXAMPLES,
+                         ids=[f'{p}-{i}' for i, (p, _, _) in enumerate(DOCS_EXAMPLES)])
+def test_docs_examples_load_through_the_libraries_own_tools(tmp_path, page, library, text):
+    """The docs' ``mmdet::``/``mmseg::`` examples load through mmdet's and mmseg's own
+    ``tools/misc/print_config.py`` (their ``Config.fromfile``, as their ``tools/train.py`` reads a
+    config; run from the installed package's ``.mim``), a process started as a user would, and
+    through this project's tools' reader; each names our backbone. Each starts a process that
+    imports mmdet or mmseg (~10 s of CPU)."""
+    import subprocess
+
+    from conftest import ROOT
+    cfg = tmp_path / 'mine.py'
+    cfg.write_text(text)
+    tool = os.path.join(os.path.dirname(stock_config(f'{library}::x')), '..', 'tools', 'misc',
+                        'print_config.py')
+    run = subprocess.run([sys.executable, os.path.normpath(tool), str(cfg)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONWARNINGS='ignore'))
+    assert run.returncode == 0, run.stderr[-3000:]
+    backbone = read_config(str(cfg)).model.backbone.type
+    assert backbone in ('XCiT', 'CaiT') and f"type='{backbone}'" in run.stdout, run.stdout[-3000:]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import ROOT
 
 from deepvit_mm.version import PYTHONS
@@ -170,3 +171,88 @@ def test_a_second_set_up_returns_at_once_unless_the_environment_changed(tree, tm
     (site / 'added-1.0.dist-info' / 'METADATA').write_text('Name: added\nVersion: 1.0\n')
     changed = setup(now)
     assert changed.returncode != 0 and 'PIP -m pip install' in changed.stdout, changed.stdout
+
+
+# mmcv 2.1.0's setup.py, the lines tools/mmcv_build.py mends (as released on the registry)
+MMCV_SETUP = """\
+def get_version():
+    version_file = 'mmcv/version.py'
+    with open(version_file, encoding='utf-8') as f:
+        exec(compile(f.read(), version_file, 'exec'))
+    return locals()['__version__']
+
+        if platform.system() != 'Windows':
+            if parse_version(torch.__version__) <= parse_version('1.12.1'):
+                extra_compile_args['cxx'] = ['-std=c++14']
+            else:
+                extra_compile_args['cxx'] = ['-std=c++17']
+            extra_compile_args['cxx'] = ['-Wall', '-std=c++17']
+                extra_compile_args['nvcc'] += ['-std=c++17']
+"""
+
+
+def _mmcv_build():
+    sys.path.insert(0, os.path.join(ROOT, 'tools'))
+    try:
+        import mmcv_build
+    finally:
+        sys.path.pop(0)
+    return mmcv_build
+
+
+@pytest.mark.parametrize('torch_version,cxx', [
+    ('2.1.0', 'c++17'), ('2.13.0+cpu', 'c++17'), ('2.14.1', 'c++20'), ('2.15.0+cu132', 'c++20'),
+    ('2.16.0.dev20270101', 'c++20')])
+def test_mmcv_source_is_mended_for_python_and_torch(torch_version, cxx):
+    """get_version reads the exec's own namespace (Python 3.13, PEP 667); from torch 2.14 every
+    -std=c++17 (g++ and nvcc) becomes -std=c++20, whose headers need it; C++14 stays; a second
+    mend changes nothing."""
+    mmcv_build = _mmcv_build()
+    text = mmcv_build.mend(MMCV_SETUP, torch_version)
+    ns = {}
+    exec(text.split('\n\n')[0], ns)  # get_version, mended, reads a version file
+    assert "return ns['__version__']" in text and "locals()" not in text
+    assert text.count(f"'-std={cxx}'") == 3 and text.count("'-std=c++14'") == 1, text
+    assert mmcv_build.mend(text, torch_version) == text
+
+
+def test_another_setup_py_is_refused_in_one_line(tmp_path):
+    setup_py = tmp_path / 'setup.py'
+    setup_py.write_text("from setuptools import setup\nsetup(name='x')\n")
+    run = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'mmcv_build.py'), 'mend',
+                          str(setup_py)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and run.stderr.strip().count('\n') == 0, run.stderr
+    assert "is this mmcv 2.1.0's setup.py?" in run.stderr
+    assert setup_py.read_text() == "from setuptools import setup\nsetup(name='x')\n"
+
+
+def test_the_mmcv_ops_check_passes_here_and_catches_a_wrong_op(monkeypatch):
+    """The installed mmcv's nms and RoIAlign pass the set-up's check; an nms that keeps the
+    overlapping box fails it."""
+    import mmcv.ops
+    mmcv_build = _mmcv_build()
+    mmcv_build.check_ops()
+    monkeypatch.setattr(mmcv.ops, 'nms', lambda boxes, scores, iou_threshold: (boxes, torch.arange(3)))
+    with pytest.raises(RuntimeError, match=r'nms kept boxes \[0, 1, 2\], not \[0, 2\]'):
+        mmcv_build.check_ops()
+
+
+@pytest.mark.slow
+def test_torch_headers_take_the_standard_the_mend_gives():
+    """The cause of the mend, on the installed torch: its ATen headers compile (g++ -fsyntax-only)
+    under the standard ``mend`` leaves, and from torch 2.14 refuse C++17 with the C++20 error.
+    Two compiles of ATen.h, ~15 s of CPU."""
+    from torch.utils.cpp_extension import include_paths
+    mmcv_build = _mmcv_build()
+    cxx20 = mmcv_build.torch_release(torch.__version__) >= mmcv_build.CXX20_TORCH
+    flags = [f'-I{p}' for p in include_paths()]
+
+    def compiles(std):
+        return subprocess.run(['g++', '-fsyntax-only', f'-std={std}', *flags, '-x', 'c++', '-'],
+                              input='#include <ATen/ATen.h>\nint main() { return 0; }\n',
+                              capture_output=True, text=True, timeout=600)
+    given = compiles('c++20' if cxx20 else 'c++17')
+    assert given.returncode == 0, given.stderr[-2000:]
+    if cxx20:
+        old = compiles('c++17')
+        assert old.returncode != 0 and 'C++20 or later' in old.stderr, old.stderr[-2000:]

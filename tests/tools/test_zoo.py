@@ -5,14 +5,13 @@
 * the count (torch's FlopCounterMode on the meta device) agrees, module by module, with an
   independent one: fvcore's jit-trace counter on timm's own model; attention is counted as the
   papers' formulas say;
-* a wheel built from this tree works with mim (``mim search``, ``mim train``, ``mim test``) where
-  mim starts (it needs ``pkg_resources``: setuptools < 82), and with mmengine's ``get_config``
+* a wheel built from this tree works with mim (``mim search``, ``mim train``, ``mim test``; mim
+  needs ``pkg_resources``, which the package's ``setuptools<82`` keeps), and with mmengine's ``get_config``
   (the metafile's weights) with or without ``pkg_resources``;
 * ``demo/image_demo.py`` draws a detector's and a segmentor's predictions, with weights from a
   local file and from an URL.
 """
 import glob
-import importlib.util
 import json
 import os
 import re
@@ -30,10 +29,9 @@ RECIPES = sorted(glob.glob(os.path.join(ROOT, 'configs', '*.py')))
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 DEMO_DET = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
-# openmim 0.3.9 imports pkg_resources at start-up, which setuptools 82 removed
-MIM_STARTS = importlib.util.find_spec('pkg_resources') is not None
-needs_mim = pytest.mark.skipif(not MIM_STARTS, reason='mim needs pkg_resources (setuptools < 82); '
-                                                      'test_mim_without_pkg_resources pins its error')
+# openmim 0.3.9 imports pkg_resources at start-up, which setuptools 82 removed: the package
+# requires setuptools<82 (setup.py), so every environment it installs into starts mim
+# (tests/test_deps.py::test_the_environment_has_pkg_resources)
 
 
 def _zoo():
@@ -323,7 +321,7 @@ def test_wheel_requires_what_import_accepts(installed):
     """pip refuses what ``import deepvit_mm`` refuses: the wheel's Requires-Dist ranges are
     version.SUPPORTED's, its Requires-Python version.PYTHON; mmdet and mmsegmentation come only
     with their extras (``det``, ``seg``, ``all``), as import needs one of them, not both; the
-    extras pin nothing that downgrades setuptools."""
+    extras pin nothing that downgrades setuptools further than below 82."""
     from deepvit_mm.version import FAMILIES, PYTHON, SUPPORTED
     (meta,) = glob.glob(str(installed / '*.dist-info' / 'METADATA'))
     requires = re.findall(r'^Requires-Dist: (.+)$', open(meta).read(), flags=re.M)
@@ -339,6 +337,8 @@ def test_wheel_requires_what_import_accepts(installed):
             assert markers == [''], lines
     assert [r for r in requires if r.startswith('opendatalab')] and all(
         '<0.0.10' in r for r in requires if r.startswith('opendatalab')), requires
+    # pkg_resources stays (mmengine's 'mmdet::' bases, mim): setuptools below 82, for every install
+    assert [r for r in requires if r.startswith('setuptools')] == ['setuptools<82'], requires
     # and the Pythons import accepts
     (python,) = re.findall(r'^Requires-Python: (.+)$', open(meta).read(), flags=re.M)
     assert set(python.split(',')) == {f'>={PYTHON[0]}', f'<{PYTHON[1]}'}, python
@@ -359,7 +359,6 @@ def test_mim_without_pkg_resources():
 
 
 @pytest.mark.slow
-@needs_mim
 def test_mim_search_lists_every_recipe(installed, tmp_path):
     """``mim search deepvit_mm`` (and ``--json``) lists every recipe. ~10-20 s: two mim
     processes."""
@@ -397,7 +396,6 @@ def _installed_editable() -> bool:
 
 
 @pytest.mark.slow
-@needs_mim
 @pytest.mark.skipif(not _installed_editable(), reason='deepvit_mm is not installed editable here')
 def test_mim_finds_an_editable_install_through_the_checkout(tmp_path):
     """docs/install.md: mim looks for a package's files beside its metadata; an editable install
@@ -437,7 +435,6 @@ def test_mmengine_get_config_takes_the_metafile_weights(installed, tmp_path):
 
 @pytest.mark.skipif(not _installed_editable(), reason='deepvit_mm is not installed editable here')
 @pytest.mark.slow
-@needs_mim
 def test_mim_train_and_test_run_the_tools(installed, tmp_path):
     """``mim train deepvit_mm CONFIG`` (by name: mim finds it in .mim) runs .mim/tools/train.py
     from the wheel, here 2 iterations of the demo segmentor with a TensorBoard backend; ``mim

@@ -6,8 +6,6 @@ by what the installed torch has (feature detection, not a version table), so a t
 whichever of the two tested paths its API supports; ONNX export alone goes by version, as a torch
 in between has the API and fails (``deepvit_mm.version.FEATURE_FLOORS``).
 
-* ``is_compiling`` / ``is_exporting``: ``torch.compiler.is_compiling`` (2.3+; 2.1 has
-  ``torch._dynamo.is_compiling``), ``torch.compiler.is_exporting`` (2.7+; absent: False).
 * ``autocast_enabled`` / ``autocast_dtype``: ``torch.is_autocast_enabled(device_type)`` and
   ``torch.get_autocast_dtype`` (2.4+); torch 2.1 has the CUDA-only argument-less forms and
   ``is_autocast_cpu_enabled`` / ``get_autocast_cpu_dtype``.
@@ -48,7 +46,7 @@ from torch.nn.modules.conv import _ConvNd
 from ..version import FEATURE_FLOORS, release
 
 __all__ = [
-    'TORCH_VERSION', 'is_compiling', 'is_exporting', 'autocast_enabled', 'autocast_dtype',
+    'TORCH_VERSION', 'autocast_enabled', 'autocast_dtype',
     'cpu_grad_scaler', 'cpu_float16_training_problem', 'onnx_dynamo_export_problem',
     'cpu_fsdp_problem', 'blocks_compile_problem', 'inductor_cache_problem', 'NORM_LAYERS',
     'BatchNormBase', 'ConvBase', 'in_backward', 'cpu_has_bfloat16',
@@ -59,20 +57,6 @@ __all__ = [
 #: the running torch's release number, ``(2, 13, 0)`` for ``2.13.0+cpu`` and ``2.13.0rc1`` alike:
 #: features are gated by release, and a pre-release or vendor build of one has its features
 TORCH_VERSION = release(torch.__version__).release
-
-
-def is_compiling() -> bool:
-    """Inside ``torch.compile``'s (dynamo's) tracing."""
-    compiler = getattr(torch, 'compiler', None)
-    if compiler is not None and hasattr(compiler, 'is_compiling'):
-        return compiler.is_compiling()
-    return torch._dynamo.is_compiling()  # torch 2.1, 2.2
-
-
-def is_exporting() -> bool:
-    """Inside ``torch.export`` (which ``torch.onnx.export(dynamo=True)`` runs)."""
-    fn = getattr(getattr(torch, 'compiler', None), 'is_exporting', None)  # torch >= 2.7
-    return bool(fn is not None and fn())
 
 
 def _autocast_api_takes_device() -> bool:

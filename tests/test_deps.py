@@ -152,9 +152,9 @@ def test_numpy_that_torch_cannot_use_is_named(monkeypatch):
 def test_onnx_export_needs_the_torch_it_was_measured_on(monkeypatch, torch_version, refused):
     """torch 2.1 has no dynamo exporter; torch 2.5.1 has one that fails on these models (measured:
     6 of the export tests failed there); only the measured torch exports."""
-    import deepvit_mm.compat.torch as compat_torch
-    monkeypatch.setattr(compat_torch, 'TORCH_VERSION', torch_version)
-    problem = compat_torch.onnx_dynamo_export_problem()
+    import deepvit_mm.deploy.export as export
+    monkeypatch.setattr(export, 'TORCH_VERSION', torch_version)
+    problem = export.onnx_dynamo_export_problem()
     assert (problem is not None) == refused
     if refused:
         assert 'tested with torch 2.13.0' in problem and "torch 2.5.1's fails" in problem \

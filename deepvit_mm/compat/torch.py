@@ -12,8 +12,6 @@ in between has the API and fails (``deepvit_mm.version.FEATURE_FLOORS``).
 * ``cpu_grad_scaler`` / ``cpu_float16_training_problem``: float16 training on CPU needs
   ``torch.amp.GradScaler('cpu')`` (2.3+) and float16 CPU autocast; torch 2.1 has neither (its CPU
   autocast turns itself off for float16), so there float16 is refused with what to do.
-* ``onnx_dynamo_export_problem``: ONNX export needs ``torch.onnx.export(dynamo=True)`` as torch
-  2.13 has it: by version (``version.FEATURE_FLOORS``), as torch 2.5.1 has the API but fails.
 * ``cpu_fsdp_problem``: FullyShardedDataParallel on CPU processes (gloo) runs on torch 2.13 and
   fails on 2.1 (by version, ``version.FEATURE_FLOORS``).
 * ``blocks_compile_problem``: the backbones' ``compile_blocks`` needs ``nn.Module.compile`` (in
@@ -47,7 +45,7 @@ from ..version import FEATURE_FLOORS, release
 
 __all__ = [
     'TORCH_VERSION', 'autocast_enabled', 'autocast_dtype',
-    'cpu_grad_scaler', 'cpu_float16_training_problem', 'onnx_dynamo_export_problem',
+    'cpu_grad_scaler', 'cpu_float16_training_problem',
     'cpu_fsdp_problem', 'blocks_compile_problem', 'inductor_cache_problem', 'NORM_LAYERS',
     'BatchNormBase', 'ConvBase', 'in_backward', 'cpu_has_bfloat16',
     'sdpa_takes_float_masks_under_autocast'
@@ -127,18 +125,6 @@ def cpu_grad_scaler(enabled: bool = True, **kwargs: Any) -> Any:
     if enabled:
         raise RuntimeError(cpu_float16_training_problem())
     return torch.cuda.amp.GradScaler(enabled=False)  # torch < 2.3; disabled, it touches no GPU
-
-
-def onnx_dynamo_export_problem() -> Optional[str]:
-    """None if ONNX export works with this torch (``FEATURE_FLOORS['ONNX export']``), else what to
-    do instead."""
-    _, lowest, known = FEATURE_FLOORS['ONNX export']
-    if TORCH_VERSION >= release(lowest).release:
-        return None
-    return (f'ONNX export uses torch.onnx.export(dynamo=True) (torch.export and onnxscript) and is '
-            f'tested with torch {lowest}; torch {torch.__version__} cannot export these models '
-            f'({known}). Export from an environment set up with requirements/constraints.txt '
-            '(`make setup`); the exported .onnx file runs anywhere ONNX Runtime does.')
 
 
 def cpu_fsdp_problem() -> Optional[str]:

@@ -5,7 +5,7 @@
 * ``detection``: Mask R-CNN's test-time post-processing in ops that export to standard ONNX;
 * ``layers``: export forms of the head layers whose forward would freeze the input size;
 * ``export``: building a config's model with its checkpoint, ``torch.onnx`` export (fixed or
-  dynamic size), ONNX Runtime sessions;
+  dynamic size; ``onnx_dynamo_export_problem``: whether this torch can), ONNX Runtime sessions;
 * ``parity``: exported outputs against PyTorch's (relative error, detection matching).
 
 ``tools/deploy/`` calls these (``tools/analysis/benchmark_onnx.py`` times ONNX Runtime against
@@ -21,6 +21,7 @@ from .export import (
     example_input,
     export_onnx,
     load_model,
+    onnx_dynamo_export_problem,
     onnxruntime_session,
     require,
     run_onnx,
@@ -30,6 +31,7 @@ from .parity import check_export, match_detections, max_rel_err
 from .wrappers import BackboneForExport, DetectorForExport, SegmentorForExport, wrap_for_export
 
 __all__ = ['mask_rcnn_end_to_end', 'DEFAULT_OPSET', 'DYNAMIC_MAX', 'DYNAMIC_MIN', 'SIZE_DIVISOR',
-           'dynamic_range', 'example_input', 'export_onnx', 'load_model', 'onnxruntime_session', 'require',
+           'dynamic_range', 'example_input', 'export_onnx', 'load_model', 'onnx_dynamo_export_problem',
+           'onnxruntime_session', 'require',
            'run_onnx', 'BackboneForExport', 'DetectorForExport', 'SegmentorForExport',
            'wrap_for_export', 'export_forms', 'check_export', 'match_detections', 'max_rel_err']

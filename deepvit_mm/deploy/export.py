@@ -24,17 +24,33 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..compat.torch import onnx_dynamo_export_problem
+from ..compat.torch import TORCH_VERSION
+from ..version import FEATURE_FLOORS, release
 from .layers import export_forms
 
 __all__ = ['SIZE_DIVISOR', 'DYNAMIC_MIN', 'DYNAMIC_MAX', 'DEFAULT_OPSET', 'require', 'dynamic_range',
-           'load_model', 'export_onnx', 'onnxruntime_session', 'run_onnx', 'example_input']
+           'load_model', 'export_onnx', 'onnxruntime_session', 'run_onnx', 'example_input',
+           'onnx_dynamo_export_problem']
 
 SIZE_DIVISOR = 32
 DYNAMIC_MIN = 64
 DYNAMIC_MAX = 2048
 # 18: ONNX Resize with antialias (CaiT's position embedding when it shrinks); RoiAlign is opset 16's
 DEFAULT_OPSET = 18
+
+
+def onnx_dynamo_export_problem() -> Optional[str]:
+    """None if ONNX export works with this torch, else what to do instead. By version
+    (``FEATURE_FLOORS['ONNX export']``), not by feature: torch 2.5.1 has
+    ``torch.onnx.export(dynamo=True)`` and fails on these models; torch 2.1 has no dynamo
+    exporter."""
+    _, lowest, known = FEATURE_FLOORS['ONNX export']
+    if TORCH_VERSION >= release(lowest).release:
+        return None
+    return (f'ONNX export uses torch.onnx.export(dynamo=True) (torch.export and onnxscript) and is '
+            f'tested with torch {lowest}; torch {torch.__version__} cannot export these models '
+            f'({known}). Export from an environment set up with requirements/constraints.txt '
+            '(`make setup`); the exported .onnx file runs anywhere ONNX Runtime does.')
 
 
 def require(module: str):

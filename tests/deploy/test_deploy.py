@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 from conftest import ROOT
 
-from deepvit_mm.compat.torch import TORCH_VERSION, onnx_dynamo_export_problem
+from deepvit_mm.compat.torch import TORCH_VERSION
 from deepvit_mm.deploy import (
     check_export,
     dynamic_range,
@@ -28,6 +28,7 @@ from deepvit_mm.deploy import (
     load_model,
     match_detections,
     max_rel_err,
+    onnx_dynamo_export_problem,
     onnxruntime_session,
     require,
     run_onnx,

@@ -53,12 +53,12 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
-    from deepvit_mm.compat.torch import onnx_dynamo_export_problem
     from deepvit_mm.deploy import (
         check_export,
         dynamic_range,
         export_onnx,
         load_model,
+        onnx_dynamo_export_problem,
         onnxruntime_session,
         wrap_for_export,
     )

@@ -1,0 +1,435 @@
+"""Feature maps of a detector's or segmentor's backbone and neck, laid over the image.
+
+What mmyolo's ``demo/featmap_vis_demo.py`` does for mmyolo's detectors, for this repo's mmdet and
+mmseg configs, with each level aligned to the image (``align.align_to_image``): an image goes
+through the config's test pipeline and data preprocessor as the inferencers run it, the model's
+``extract_feat`` (backbone, then neck) runs once with forward hooks on the layers asked for, each
+map is cropped to the cells that see the image (not the padding the preprocessor or the backbone
+added) and resized to the original image, and mmengine's ``Visualizer.draw_featmap`` draws it over
+the image; the drawing goes to the config's visualization backends (local files, TensorBoard,
+W&B, ...) and, with ``save_arrays``, each level's maps to an ``.npz`` beside the PNG.
+
+A level's stride is the backbone's own (``out_strides`` of deepvit_mm's backbones) scaled by the
+level's grid against the backbone's first level, per axis; a backbone without ``out_strides``
+(mmdet's ResNet) gives its first level's from the padded input's size.
+"""
+import dataclasses
+import math
+import os
+import os.path as osp
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .align import align_to_image, valid_grid
+
+__all__ = ['CHANNEL_REDUCTIONS', 'IMAGE_EXTENSIONS', 'VisualizationError', 'FeatmapLevel',
+           'LayerFeatmaps', 'FeatmapExtractor', 'list_images', 'read_image',
+           'build_featmap_visualizer', 'draw_layer', 'save_layer_arrays', 'visualize_featmaps']
+
+# --channel-reduction of mmyolo's featmap_vis_demo.py ('none': the top-k channels, each drawn)
+CHANNEL_REDUCTIONS = ('squeeze_mean', 'select_max', 'none')
+# mmengine's / mmdet's image suffixes (a folder's images are the files that end in one)
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
+
+
+class VisualizationError(ValueError):
+    """Input the visualization tools cannot draw: the message, one line, says what to give."""
+
+
+@dataclasses.dataclass
+class FeatmapLevel:
+    """One level of a layer's output, aligned to the original image.
+
+    Attributes:
+        stride (tuple[float, float]): ``(stride_h, stride_w)`` in pixels of the network input.
+        grid (tuple[int, int]): The level's ``(h, w)`` cells.
+        valid (tuple[int, int]): The cells that see the image (``align.valid_grid``).
+        maps (torch.Tensor): ``(k, H, W)`` float32 at the original image's size: the channel mean
+            (``squeeze_mean``, k = 1), the channel of the largest sum over the valid cells
+            (``select_max``, k = 1) or the top-k channels by that sum (``none``).
+        channels (tuple[int] | None): The channels of ``maps`` (None for the mean).
+    """
+    stride: Tuple[float, float]
+    grid: Tuple[int, int]
+    valid: Tuple[int, int]
+    maps: torch.Tensor
+    channels: Optional[Tuple[int, ...]]
+
+    @property
+    def label(self) -> str:
+        """``'stride 8'``, or ``'stride 16x8'`` where the axes differ."""
+        sy, sx = (f'{s:g}' for s in self.stride)
+        return f'stride {sy}' if sy == sx else f'stride {sy}x{sx}'
+
+
+@dataclasses.dataclass
+class LayerFeatmaps:
+    """The levels of one layer (``'backbone'``, ``'neck'``, ``'backbone.adapter'``...)."""
+    layer: str
+    levels: List[FeatmapLevel]
+
+
+def _level_stride(extent: Tuple[float, float], grid: Tuple[int, int]) -> Tuple[float, float]:
+    """A level's ``(stride_h, stride_w)`` from the pixels its grid spans (``extent``: the
+    reference level's cells x stride) and its cells: the power of two whose exact grid
+    (``extent / p``) is within a cell of the level's on both axes, the convolutions and poolings
+    having rounded it up or down (the nearest to ``extent / grid`` where several are), else
+    ``extent / grid`` per axis."""
+    ratios = [e / g for e, g in zip(extent, grid)]
+    fits = [2 ** k for k in range(0, 13)
+            if all(abs(e / 2 ** k - g) < 1 for e, g in zip(extent, grid))]
+    if fits:
+        p = min(fits, key=lambda f: sum(abs(math.log2(r / f)) for r in ratios))
+        return float(p), float(p)
+    return tuple(round(r, 2) for r in ratios)
+
+
+def _maps_of(output, layer: str) -> List[torch.Tensor]:
+    """The ``(N, C, h, w)`` maps of a module's output: one tensor or a list/tuple of them."""
+    outs = list(output) if isinstance(output, (list, tuple)) else [output]
+    if not outs or not all(isinstance(o, torch.Tensor) and o.dim() == 4 for o in outs):
+        shapes = [tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__
+                  for o in outs]
+        raise VisualizationError(
+            f'layer {layer!r} gives {shapes}, not (N, C, H, W) maps: choose a layer whose output '
+            'is maps, e.g. backbone or neck (--preview-model lists the layers)')
+    return outs
+
+
+def list_images(path: str) -> List[str]:
+    """The image files of ``path``: itself, or a folder's files ending in ``IMAGE_EXTENSIONS``
+    (sorted; not its subfolders').
+
+    Raises:
+        VisualizationError: ``path`` does not exist, or a folder holds no image file.
+    """
+    if osp.isdir(path):
+        files = sorted(osp.join(path, f) for f in os.listdir(path)
+                       if f.lower().endswith(IMAGE_EXTENSIONS) and osp.isfile(osp.join(path, f)))
+        if not files:
+            raise VisualizationError(f'no image in {path!r} (files ending in '
+                                     f'{", ".join(IMAGE_EXTENSIONS)})')
+        return files
+    if not osp.isfile(path):
+        raise VisualizationError(f'image not found: {path!r}: give an image file or a folder')
+    return [path]
+
+
+def read_image(path: str) -> np.ndarray:
+    """An image file as the test pipelines load it (``mmcv.imread``: BGR, 3 channels).
+
+    Raises:
+        VisualizationError: the file cannot be decoded as an image.
+    """
+    import mmcv
+    try:
+        img = mmcv.imread(path)
+    except Exception as e:  # mmcv raises on unreadable files and returns None on undecodable bytes
+        raise VisualizationError(f'cannot read image {path!r}: {e}') from None
+    if img is None or img.size == 0:
+        raise VisualizationError(f'cannot read image {path!r}: not an image file OpenCV decodes')
+    return img
+
+
+class FeatmapExtractor:
+    """A config's model with its weights, and the layers whose outputs are drawn.
+
+    Args:
+        config (str): An mmdet or mmseg config file.
+        checkpoint (str, optional): Its checkpoint: a file or an http(s) URL
+            (``deepvit_mm.checkpoints``); None: the model's initial weights (tests).
+        layers (Sequence[str]): Modules of the model run by its ``extract_feat``: ``'backbone'``,
+            ``'neck'`` or a module inside them (``'backbone.adapter'``). Default: the backbone.
+        device (str, optional): Default: ``'cuda:0'`` when available, else ``'cpu'``.
+        cfg_options (dict, optional): Overrides merged into the config (``--cfg-options``).
+
+    Raises:
+        VisualizationError: a layer the model does not have or does not run in ``extract_feat``.
+        FileNotFoundError: no config file.
+    """
+
+    def __init__(self, config: str, checkpoint: Optional[str], layers: Sequence[str] = ('backbone',),
+                 device: Optional[str] = None, cfg_options: Optional[dict] = None):
+        from ..apis import read_config, task_of
+        from ..checkpoints import resolve_checkpoint
+        from ..models.utils.consumers import check_model
+        if not osp.isfile(config):
+            raise FileNotFoundError(f'config not found: {config!r}')
+        if not layers:
+            raise VisualizationError('no layer given: name one, e.g. --target-layers backbone')
+        cfg = read_config(config)
+        if cfg_options:
+            cfg.merge_from_dict(cfg_options)
+        self.cfg, self.task = cfg, task_of(cfg)
+        device = device or ('cuda:0' if torch.cuda.is_available() else 'cpu')
+        weights = resolve_checkpoint(checkpoint) if checkpoint is not None else None
+        if self.task == 'det':
+            from mmdet.apis import DetInferencer as Inferencer
+        else:
+            from mmseg.apis import MMSegInferencer as Inferencer
+        # the inferencer: the config's test pipeline as it runs on an array, the model with its
+        # weights read through deepvit_mm's loader (mmengine's reader is routed there)
+        self.inferencer = Inferencer(model=cfg, weights=weights, device=device)
+        self.model = self.inferencer.model.eval()
+        check_model(self.model)
+        self.layers = tuple(dict.fromkeys(layers))
+        modules = dict(self.model.named_modules())
+        run = [n for n in ('backbone', 'neck') if getattr(self.model, n, None) is not None]
+        for layer in self.layers:
+            if layer not in modules or not any(layer == r or layer.startswith(r + '.')
+                                               for r in run):
+                why = ('the model has no such module' if layer not in modules else
+                       'it is not run by the model\'s extract_feat')
+                raise VisualizationError(
+                    f'layer {layer!r}: {why}; choose {" or ".join(run)} or a module inside them '
+                    '(--preview-model lists them)')
+        self._modules = {n: modules[n] for n in (*self.layers, 'backbone')}
+
+    def preview(self) -> str:
+        """The model's modules, as ``print(model)`` shows them (``--preview-model``)."""
+        return str(self.model)
+
+    @torch.no_grad()
+    def __call__(self, image: np.ndarray, channel_reduction: str = 'select_max',
+                 topk: int = 4) -> List[LayerFeatmaps]:
+        """Each layer's maps for one image, aligned to it.
+
+        Args:
+            image (np.ndarray): BGR, as ``read_image`` gives it.
+            channel_reduction (str): One of ``CHANNEL_REDUCTIONS``.
+            topk (int): ``'none'``: the channels kept (by their sums over the valid cells).
+
+        Returns:
+            list[LayerFeatmaps]: One a layer, in the order asked.
+        """
+        from mmengine.dataset import pseudo_collate
+        if channel_reduction not in CHANNEL_REDUCTIONS:
+            raise VisualizationError(f'channel reduction {channel_reduction!r}: choose from '
+                                     f'{", ".join(CHANNEL_REDUCTIONS)}')
+        data = pseudo_collate([self.inferencer.pipeline(image)])
+        data = self.model.data_preprocessor(data, False)
+        inputs, sample = data['inputs'], data['data_samples'][0]
+        captured: Dict[str, object] = {}
+
+        def hook(name):
+            def keep(module, args, output):
+                captured.setdefault(name, output)  # a module run twice: its first output
+            return keep
+        handles = [m.register_forward_hook(hook(n)) for n, m in self._modules.items()]
+        try:
+            self.model.extract_feat(inputs)
+        finally:
+            for h in handles:
+                h.remove()
+        pad_shape = tuple(inputs.shape[-2:])  # what the backbone was given
+        img_shape = tuple(sample.metainfo.get('img_shape', pad_shape))[:2]
+        ori_shape = tuple(sample.metainfo.get('ori_shape', image.shape[:2]))[:2]
+        ref = self._reference(captured.get('backbone'), pad_shape)
+        result = []
+        for layer in self.layers:
+            levels = []
+            for m in _maps_of(captured[layer], layer):
+                grid = tuple(m.shape[-2:])
+                extent = (tuple(s * g for s, g in zip(*ref)) if ref else pad_shape)
+                stride = _level_stride(extent, grid)
+                valid = valid_grid(grid, img_shape, pad_shape, stride)
+                chosen, channels = _reduce(m[0].float(), valid, channel_reduction, topk)
+                maps = align_to_image(chosen, img_shape, pad_shape, ori_shape, stride)
+                levels.append(FeatmapLevel(stride, grid, valid, maps.cpu(), channels))
+            result.append(LayerFeatmaps(layer, levels))
+        return result
+
+    def _reference(self, backbone_out, pad_shape) -> Optional[tuple]:
+        """``((stride_h, stride_w), (h, w))`` of the backbone's first level: the backbone's own
+        stride where it declares ``out_strides``, else from the input's size. None where the
+        backbone's output is not maps."""
+        try:
+            first = _maps_of(backbone_out, 'backbone')[0]
+        except VisualizationError:
+            return None
+        grid = tuple(first.shape[-2:])
+        strides = getattr(self.model.backbone, 'out_strides', None)
+        if strides:
+            s = float(strides[0])
+            return (s, s), grid
+        return _level_stride(pad_shape, grid), grid
+
+
+def _reduce(level: torch.Tensor, valid: Tuple[int, int], mode: str,
+            topk: int) -> Tuple[torch.Tensor, Optional[Tuple[int, ...]]]:
+    """``(k, h, w)`` maps of a ``(C, h, w)`` level, as ``draw_featmap`` reduces channels, with
+    each channel's sum taken over the valid cells only (the padding's activations do not pick a
+    channel) and before the maps are resized (only the maps drawn are)."""
+    if mode == 'squeeze_mean':  # the mean commutes with the crop and the (linear) resize
+        return level.mean(0, keepdim=True), None
+    sums = level[:, :valid[0], :valid[1]].sum((1, 2))
+    if mode == 'select_max':
+        k = 1
+    elif topk > 0:
+        k = min(topk, level.shape[0])
+    elif level.shape[0] in (1, 3):  # draw_featmap's rule: the channels drawn as they are
+        return level, tuple(range(level.shape[0]))
+    else:
+        raise VisualizationError(f'--channel-reduction none with --topk {topk}: a level of '
+                                 f'{level.shape[0]} channels needs --topk > 0')
+    idx = torch.topk(sums, k).indices
+    return level[idx], tuple(int(i) for i in idx)
+
+
+def build_featmap_visualizer(cfg, out_dir: str):
+    """The config's visualizer (``cfg.visualizer``: mmdet's or mmseg's) writing to ``out_dir``:
+    its local backends write the PNGs there (``<name>_0.png``), the others (TensorBoard,
+    W&B...) as they are configured (TensorBoard's event file under ``out_dir/vis_data``); a local
+    backend is added where the config has none."""
+    import copy
+
+    from mmengine.registry import DefaultScope
+
+    from ..apis import task_of, task_registry
+    vis = copy.deepcopy(dict(cfg.get('visualizer') or dict(type='Visualizer')))
+    backends = [dict(b) for b in vis.get('vis_backends') or []]
+    if not any(b.get('type', '').split('.')[-1] == 'LocalVisBackend' for b in backends):
+        backends.append(dict(type='LocalVisBackend'))
+    for b in backends:
+        if b.get('type', '').split('.')[-1] == 'LocalVisBackend':
+            b.update(save_dir=out_dir, img_save_dir='.')
+    # a name of its own: mmengine returns an existing visualizer of the same name, unchanged
+    vis.update(vis_backends=backends, save_dir=out_dir, name=f'featmaps_{time.time_ns()}')
+    scope = cfg.get('default_scope', 'mmdet')
+    with DefaultScope.overwrite_default_scope(scope):
+        return task_registry(task_of(cfg), 'VISUALIZERS').build(vis)
+
+
+def _label(visualizer, image: np.ndarray, text: str) -> np.ndarray:
+    """``text`` in the top-left corner of ``image``, drawn by the visualizer."""
+    visualizer.set_image(image)
+    size = max(7, min(image.shape[:2]) // 14)
+    visualizer.draw_texts(text, np.array([2, 2]), colors='white', font_sizes=size,
+                          vertical_alignments='top',
+                          bboxes=dict(facecolor='black', alpha=0.6, pad=1, edgecolor='none'))
+    return visualizer.get_image()
+
+
+def _arrange(panels: List[np.ndarray], columns: int) -> np.ndarray:
+    """Panels of one size in rows of ``columns``, the last row filled with white."""
+    rows = [panels[i:i + columns] for i in range(0, len(panels), columns)]
+    blank = np.full_like(panels[0], 255)
+    rows[-1] = rows[-1] + [blank] * (len(rows[0]) - len(rows[-1]))
+    return np.concatenate([np.concatenate(r, axis=1) for r in rows], axis=0)
+
+
+def draw_layer(visualizer, image_rgb: np.ndarray, layer: LayerFeatmaps, channel_reduction: str,
+               arrangement: Tuple[int, int] = (2, 2), alpha: float = 0.5) -> np.ndarray:
+    """One picture of a layer: each level drawn over the image by ``draw_featmap`` and labelled
+    with its stride (and channel), the levels in rows of two (as mmyolo arranges them); with
+    ``'none'`` a level is its channels in ``arrangement`` (rows, columns)."""
+    pictures = []
+    for level in layer.levels:
+        panels = []
+        for i, m in enumerate(level.maps):
+            drawn = visualizer.draw_featmap(
+                m[None], image_rgb, channel_reduction=None if channel_reduction == 'none'
+                else channel_reduction, topk=0, alpha=alpha)
+            text = level.label if level.channels is None or channel_reduction == 'squeeze_mean' \
+                else f'{level.label}, channel {level.channels[i]}'
+            panels.append(_label(visualizer, drawn, text))
+        pictures.append(_arrange(panels, arrangement[1]) if len(panels) > 1 else panels[0])
+    if len({p.shape for p in pictures}) > 1:  # levels of different arrangements: pad to one size
+        h, w = max(p.shape[0] for p in pictures), max(p.shape[1] for p in pictures)
+        pictures = [np.pad(p, ((0, h - p.shape[0]), (0, w - p.shape[1]), (0, 0)),
+                           constant_values=255) for p in pictures]
+    return _arrange(pictures, 2)
+
+
+def save_layer_arrays(path: str, layer: LayerFeatmaps) -> None:
+    """A layer's maps as an ``.npz``: one float32 array a level, at the original image's size,
+    named ``stride_<s>`` (``stride_<sh>x<sw>`` where the axes differ; ``level_<i>_...`` where two
+    levels share a stride): ``(H, W)`` for one map, ``(k, H, W)`` for k channels; the channels
+    drawn beside it as ``<name>_channels``."""
+    arrays, names = {}, [lvl.label.replace(' ', '_') for lvl in layer.levels]
+    for i, (lvl, name) in enumerate(zip(layer.levels, names)):
+        if names.count(name) > 1:
+            name = f'level_{i}_{name}'
+        maps = lvl.maps.numpy().astype(np.float32)
+        arrays[name] = maps[0] if maps.shape[0] == 1 else maps
+        if lvl.channels is not None:
+            arrays[f'{name}_channels'] = np.asarray(lvl.channels, dtype=np.int64)
+    np.savez(path, **arrays)
+
+
+def visualize_featmaps(inputs: str, config: str, checkpoint: str, out_dir: str, *,
+                       layers: Sequence[str] = ('backbone',),
+                       channel_reduction: str = 'select_max', topk: int = 4,
+                       arrangement: Tuple[int, int] = (2, 2), alpha: float = 0.5,
+                       save_arrays: bool = False, device: Optional[str] = None,
+                       cfg_options: Optional[dict] = None,
+                       extractor: Optional[FeatmapExtractor] = None) -> List[str]:
+    """Draw the feature maps of every image of ``inputs`` (``tools/analysis/featmap_vis.py``).
+
+    For each image and layer, ``out_dir/<image stem>_<layer>_0.png`` (and the config's other
+    visualization backends) and, with ``save_arrays``, ``out_dir/<image stem>_<layer>_0.npz``
+    (``save_layer_arrays``). Everything is checked before anything is written: the images are
+    read, the layers found, the flags checked and the first image's maps computed first.
+
+    Args:
+        inputs (str): An image file or a folder of them.
+        config (str): An mmdet or mmseg config file.
+        checkpoint (str): Its weights.
+        out_dir (str): Where the pictures go.
+        layers (Sequence[str]): As ``FeatmapExtractor`` takes them.
+        channel_reduction (str): One of ``CHANNEL_REDUCTIONS``.
+        topk (int): ``'none'``: the channels drawn a level.
+        arrangement (tuple[int, int]): ``'none'``: rows and columns of a level's channels.
+        alpha (float): The maps' weight over the image, in [0, 1].
+        save_arrays (bool): Also write the ``.npz`` of each picture.
+        device (str, optional): As ``FeatmapExtractor``.
+        cfg_options (dict, optional): As ``FeatmapExtractor``.
+        extractor (FeatmapExtractor, optional): One already built (config, checkpoint, layers,
+            device and cfg_options are then its own).
+
+    Returns:
+        list[str]: The files written under ``out_dir`` (PNGs, then ``.npz`` where asked).
+
+    Raises:
+        VisualizationError: an image that cannot be read, a layer that does not exist, flags
+            that do not fit; nothing is written then.
+    """
+    if channel_reduction not in CHANNEL_REDUCTIONS:
+        raise VisualizationError(f'channel reduction {channel_reduction!r}: choose from '
+                                 f'{", ".join(CHANNEL_REDUCTIONS)}')
+    if len(arrangement) != 2 or min(arrangement) < 1:
+        raise VisualizationError(f'arrangement {tuple(arrangement)}: give rows and columns, '
+                                 'e.g. --arrangement 2 2')
+    if channel_reduction == 'none' and topk > arrangement[0] * arrangement[1]:
+        raise VisualizationError(f'--topk {topk} channels do not fit --arrangement '
+                                 f'{arrangement[0]} {arrangement[1]}: give rows x columns >= topk')
+    if not 0 <= alpha <= 1:
+        raise VisualizationError(f'--alpha {alpha}: give a weight in [0, 1]')
+    files = list_images(inputs)
+    for f in files:  # every image readable before the model is built or anything written
+        read_image(f)
+    extractor = extractor or FeatmapExtractor(config, checkpoint, layers, device, cfg_options)
+    visualizer, written = None, []
+    for path in files:
+        image = read_image(path)
+        result = extractor(image, channel_reduction, topk)
+        if visualizer is None:  # the first image's maps are computed: now files may be written
+            visualizer = build_featmap_visualizer(extractor.cfg, out_dir)
+        rgb = np.ascontiguousarray(image[..., ::-1])
+        stem = osp.splitext(osp.basename(path))[0]
+        for layer in result:
+            name = f'{stem}_{layer.layer}'
+            picture = draw_layer(visualizer, rgb, layer, channel_reduction, tuple(arrangement),
+                                 alpha)
+            visualizer.add_image(name, picture, step=0)
+            written.append(osp.join(out_dir, f'{name}_0.png'))
+            if save_arrays:
+                save_layer_arrays(osp.join(out_dir, f'{name}_0.npz'), layer)
+                written.append(osp.join(out_dir, f'{name}_0.npz'))
+    if visualizer is not None:
+        visualizer.close()
+    return written
+

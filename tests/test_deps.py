@@ -231,12 +231,13 @@ def _reaches_into_libraries(path) -> list:
 # difference between releases), else the module of its one user. Each such module and what it
 # reaches, so that a new one is a decision:
 REACHES_INTO_LIBRARIES = {
+    'checkpoints/mmengine_hooks.py': ['mm_ckpt.load_state_dict = ...'],
+    'checkpoints/reading.py': ['HistoryBuffer._statistics_methods'],
     'checkpoints/unpickling.py': ['from torch import _weights_only_unpickler',
                                   'wou._get_allowed_globals'],
     'compat/mmengine.py': ['from mmengine._strategy import FSDPStrategy',
                            'mm_config.get_installed_path = ...', 'mm_config.is_installed = ...',
-                           'mm_hub.get_installed_path = ...', 'mm_hub.install_package = ...',
-                           'mm_ckpt.load_state_dict = ...', 'HistoryBuffer._statistics_methods'],
+                           'mm_hub.get_installed_path = ...', 'mm_hub.install_package = ...'],
     'compat/torch.py': ['from torch.nn.modules.batchnorm import _BatchNorm',
                         'from torch.nn.modules.batchnorm import _NormBase',
                         'from torch.nn.modules.conv import _ConvNd', 'torch._C._current_graph_task_id',

@@ -77,7 +77,7 @@ def test_import_changes_only_what_it_lists(keep):
     else:  # the reader of local paths and URLs, and load_state_dict: deepvit_mm's
         changed = {k for k in after['schemes'] if after['schemes'][k] != before['schemes'].get(k)}
         assert changed == {'', 'http://', 'https://'}, changed
-        assert after['load_state_dict'] == 'deepvit_mm.compat.mmengine'
+        assert after['load_state_dict'] == 'deepvit_mm.checkpoints.mmengine_hooks'
 
 
 def test_the_side_effects_are_listed_in_the_docs_and_the_docstring():

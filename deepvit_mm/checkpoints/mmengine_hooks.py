@@ -6,22 +6,80 @@ adds the refusal of code and of corrupted files), and mmengine's ``load_state_di
 that contain a deepvit_mm backbone to ``load_weights``; other models are loaded by mmengine as
 before. Nothing else in mmengine (file I/O of other files, other models' loading) changes.
 
+How, in mmengine 0.10.3 and 0.10.7 (the supported 0.10.x): every path that loads a checkpoint
+into a model (``Runner.load_checkpoint``/``resume``, ``load_checkpoint``, the inferencers'
+``_load_checkpoint_to_model``) calls the module-level ``mmengine.runner.checkpoint.
+load_state_dict`` by its global name, which is replaced by one that offers the model to
+``load_weights`` first. The name of the file a state dict was read from travels with it to there
+on its ``_metadata`` (torch's per-module state-dict metadata), which ``_load_checkpoint_to_model``
+carries over when it renames the keys.
+
 ``find_resumable_checkpoint``: the newest complete checkpoint of a run, for ``--resume``.
 """
 import logging
 import os
 import re
-from typing import Mapping, Optional
+from collections import OrderedDict
+from typing import Callable, Mapping, Optional
 
 import torch
 import torch.nn as nn
 
-from ..compat.mmengine import route_load_state_dict, source_of, tag_source
 from ..utils import unwrap_model
 from .matching import load_weights, weights_targets
 from .reading import is_readable_checkpoint, read_checkpoint
 
 __all__ = ['install_mmengine_loader', 'find_resumable_checkpoint']
+
+_MARK = '_deepvit_mm'
+_SOURCE = '_deepvit_mm_source'
+
+
+# --------------------------------------------------------------------------------------------
+# mmengine's load_state_dict and the source of a state dict
+# --------------------------------------------------------------------------------------------
+def _route_load_state_dict(handler: Callable[..., bool]) -> None:
+    """Make mmengine's ``load_state_dict(module, state_dict, strict, logger)`` call
+    ``handler(module, state_dict, strict)`` first; where the handler returns False (not one of its
+    models) mmengine's own runs. Installed once; later calls keep the first handler."""
+    from mmengine.runner import checkpoint as mm_ckpt
+    original = mm_ckpt.load_state_dict
+    if getattr(original, _MARK, False):
+        return
+
+    def load_state_dict(module, state_dict, strict=False, logger=None):
+        if not handler(module, state_dict, strict):
+            return original(module, state_dict, strict, logger)
+
+    setattr(load_state_dict, _MARK, True)
+    load_state_dict.__doc__ = original.__doc__
+    mm_ckpt.load_state_dict = load_state_dict
+
+
+def _tag_source(checkpoint: Mapping, source: str) -> Mapping:
+    """``checkpoint`` (as mmengine's reader returns it) with its state dict tagged as read from
+    ``source``: the ``state_dict`` part, or the whole when it has none, as mmengine takes it."""
+    if not isinstance(checkpoint, OrderedDict):
+        checkpoint = OrderedDict(checkpoint)  # a plain dict takes no attributes
+    part = checkpoint.get('state_dict', checkpoint)
+    if isinstance(part, Mapping) and not isinstance(part, OrderedDict):
+        part = checkpoint['state_dict'] = OrderedDict(part)
+    if isinstance(part, OrderedDict):
+        metadata = getattr(part, '_metadata', None)
+        if metadata is None:
+            metadata = part._metadata = OrderedDict()
+        setattr(metadata, _SOURCE, source)
+    return checkpoint
+
+
+def _source_of(state_dict: Mapping) -> Optional[str]:
+    """The source ``_tag_source`` gave ``state_dict``, or None."""
+    return getattr(getattr(state_dict, '_metadata', None), _SOURCE, None)
+
+
+# --------------------------------------------------------------------------------------------
+# mmengine's reader
+# --------------------------------------------------------------------------------------------
 
 
 def _mmengine_read(filename: str, map_location=None) -> Mapping:
@@ -29,7 +87,7 @@ def _mmengine_read(filename: str, map_location=None) -> Mapping:
     if isinstance(obj, Mapping) and obj and all(torch.is_tensor(v) for v in obj.values()) \
             and str(filename).endswith('.safetensors'):
         obj = {'state_dict': dict(obj)}
-    return tag_source(obj, repr(filename)) if isinstance(obj, Mapping) else obj
+    return _tag_source(obj, repr(filename)) if isinstance(obj, Mapping) else obj
 
 
 def _mmengine_read_url(filename: str, map_location=None, model_dir=None, **kwargs) -> Mapping:
@@ -41,7 +99,7 @@ def _load_into_targets(module: nn.Module, state_dict: Mapping, strict: bool) -> 
     model = unwrap_model(module)
     if not weights_targets(model):
         return False
-    load_weights(model, state_dict, source=source_of(state_dict) or 'checkpoint', strict=strict)
+    load_weights(model, state_dict, source=_source_of(state_dict) or 'checkpoint', strict=strict)
     return True
 
 
@@ -52,7 +110,7 @@ def install_mmengine_loader() -> None:
     mm_ckpt.CheckpointLoader.register_scheme(prefixes='', force=True)(_mmengine_read)
     mm_ckpt.CheckpointLoader.register_scheme(prefixes=('http://', 'https://'),
                                              force=True)(_mmengine_read_url)
-    route_load_state_dict(_load_into_targets)
+    _route_load_state_dict(_load_into_targets)
 
 
 # --------------------------------------------------------------------------------------------

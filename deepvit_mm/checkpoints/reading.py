@@ -9,13 +9,14 @@ that mmengine would evaluate is made harmless (``stored_config``). Trusted files
 read as plain PyTorch would.
 """
 import argparse
+import importlib
 import os
 import re
+from typing import List, Set
 
+import numpy as np
 import torch
 
-from ..compat.mmengine import history_buffer_statistics
-from ..compat.numpy import pickled_array_globals
 from .errors import SHARDED_HINT, CheckpointError
 from .fetch import resolve_checkpoint
 from .integrity import is_safetensors, is_zip, structure_problem, zip_problem
@@ -29,12 +30,38 @@ __all__ = ['safe_globals', 'read_checkpoint', 'is_readable_checkpoint']
 # --------------------------------------------------------------------------------------------
 # what a checkpoint may hold besides tensors
 # --------------------------------------------------------------------------------------------
+def _history_buffer_statistics() -> Set[str]:
+    """The names of ``HistoryBuffer``'s statistics methods, which mmengine pickles as
+    ``getattr(HistoryBuffer, name)``: the four defaults and those registered in this process
+    (its private ``_statistics_methods``, mmengine 0.10.3 and 0.10.7)."""
+    from mmengine.logging import HistoryBuffer
+    # reason: `_statistics_methods` is filled only once a HistoryBuffer is built in this process,
+    # so a fresh `--resume` process would find it empty; the four defaults are named explicitly
+    return {'min', 'max', 'current', 'mean', *HistoryBuffer._statistics_methods}
+
+
+def _pickled_array_globals() -> List:
+    """The numpy callables and types a pickle of arrays, scalars and dtypes refers to, as the
+    ``(callable, 'module.name')`` pairs and types ``load_weights_only`` takes: the array
+    constructors under both numpy 1's and numpy 2's module names (numpy 2 moved ``numpy.core`` to
+    ``numpy._core``; pickles name whichever the writer had), ``ndarray``, ``dtype`` and the
+    ``numpy.dtypes.<Name>DType`` classes dtypes are pickled as (numpy 1.25+). Tested with numpy
+    1.26.4 and 2.4.6."""
+    multiarray = importlib.import_module(
+        'numpy._core.multiarray' if np.lib.NumpyVersion(np.__version__) >= '2.0.0'
+        else 'numpy.core.multiarray')
+    arrays = [(getattr(multiarray, fn), f'numpy.{pkg}.multiarray.{fn}')
+              for fn in ('_reconstruct', 'scalar') for pkg in ('core', '_core')]
+    dtype_classes = [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith('DType')]
+    return [*arrays, np.ndarray, np.dtype, *dtype_classes]
+
+
 def _history_buffer_getattr(obj, name: str):
     """Stand-in for ``getattr`` in unpickling: mmengine pickles ``HistoryBuffer``'s statistics
     methods as ``getattr(HistoryBuffer, 'mean')``. Only those exact lookups are honoured; anything
     else (``getattr(os, 'system')``) is refused, so this cannot be used to reach code."""
     from mmengine.logging import HistoryBuffer
-    if obj is HistoryBuffer and name in history_buffer_statistics():
+    if obj is HistoryBuffer and name in _history_buffer_statistics():
         return getattr(obj, name)
     raise CheckpointError(f'refusing getattr({obj!r}, {name!r}) while unpickling a checkpoint')
 
@@ -47,7 +74,7 @@ def safe_globals() -> list:
     * DINO training checkpoints: ``argparse.Namespace`` (their ``args``), an attribute bag.
     """
     from mmengine.logging import HistoryBuffer
-    return [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr'), *pickled_array_globals(),
+    return [HistoryBuffer, (_history_buffer_getattr, 'builtins.getattr'), *_pickled_array_globals(),
             argparse.Namespace]
 
 

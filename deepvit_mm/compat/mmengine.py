@@ -10,17 +10,6 @@ own objects only and leaves mmengine's behaviour for everything else as it was.
   The config module's ``is_installed`` and ``get_installed_path`` and the hub's
   ``get_installed_path`` and ``install_package`` (a no-op for an installed package) answer for the
   registered package only, without ``pkg_resources``; every other name goes to mmengine's own.
-* ``route_load_state_dict``: every mmengine path that loads a checkpoint into a model
-  (``Runner.load_checkpoint``/``resume``, ``load_checkpoint``, the inferencers'
-  ``_load_checkpoint_to_model``) calls the module-level ``mmengine.runner.checkpoint.
-  load_state_dict`` by its global name (0.10.3, 0.10.7); it is replaced by a function that hands
-  the models a handler accepts to the handler, and every other model to mmengine's own.
-* ``tag_source`` / ``source_of``: the name of the file a state dict was read from travels with it,
-  from mmengine's checkpoint reader to ``load_state_dict``, on its ``_metadata`` (torch's
-  per-module state-dict metadata), which ``_load_checkpoint_to_model`` carries over when it renames
-  the keys (0.10.3, 0.10.7).
-* ``history_buffer_statistics``: ``HistoryBuffer``'s private ``_statistics_methods``, the names its
-  pickled statistics methods may have.
 * ``init_amp_optim_wrapper_without_accelerator``: what ``AmpOptimWrapper.__init__`` sets up, its
   private ``_scale_update_param`` included, without its assertion of an accelerator (0.10.3,
   0.10.7), for ``CPUAmpOptimWrapper``.
@@ -29,17 +18,13 @@ own objects only and leaves mmengine's behaviour for everything else as it was.
   ``GlobalNormFSDPStrategy`` to subclass (0.10.3, 0.10.7).
 """
 import os.path as osp
-from collections import OrderedDict
-from typing import Any, Callable, Mapping, Optional, Set
+from typing import Any, Callable, Optional
 
 from mmengine._strategy import FSDPStrategy
 
-__all__ = ['register_config_package', 'route_load_state_dict', 'tag_source', 'source_of',
-           'history_buffer_statistics', 'init_amp_optim_wrapper_without_accelerator',
-           'FSDPStrategy']
+__all__ = ['register_config_package', 'init_amp_optim_wrapper_without_accelerator', 'FSDPStrategy']
 
 _MARK = '_deepvit_mm'
-_SOURCE = '_deepvit_mm_source'
 
 
 def register_config_package(package: str, path: str) -> None:
@@ -68,54 +53,6 @@ def _answer_for(package: str, answer: Any, original: Callable[[str], Any]) -> Ca
     for_package.__name__ = original.__name__
     for_package.__doc__ = original.__doc__
     return for_package
-
-
-def route_load_state_dict(handler: Callable[..., bool]) -> None:
-    """Make mmengine's ``load_state_dict(module, state_dict, strict, logger)`` call
-    ``handler(module, state_dict, strict)`` first; where the handler returns False (not one of its
-    models) mmengine's own runs. Installed once; later calls keep the first handler."""
-    from mmengine.runner import checkpoint as mm_ckpt
-    original = mm_ckpt.load_state_dict
-    if getattr(original, _MARK, False):
-        return
-
-    def load_state_dict(module, state_dict, strict=False, logger=None):
-        if not handler(module, state_dict, strict):
-            return original(module, state_dict, strict, logger)
-
-    setattr(load_state_dict, _MARK, True)
-    load_state_dict.__doc__ = original.__doc__
-    mm_ckpt.load_state_dict = load_state_dict
-
-
-def tag_source(checkpoint: Mapping, source: str) -> Mapping:
-    """``checkpoint`` (as mmengine's reader returns it) with its state dict tagged as read from
-    ``source``: the ``state_dict`` part, or the whole when it has none, as mmengine takes it."""
-    if not isinstance(checkpoint, OrderedDict):
-        checkpoint = OrderedDict(checkpoint)  # a plain dict takes no attributes
-    part = checkpoint.get('state_dict', checkpoint)
-    if isinstance(part, Mapping) and not isinstance(part, OrderedDict):
-        part = checkpoint['state_dict'] = OrderedDict(part)
-    if isinstance(part, OrderedDict):
-        metadata = getattr(part, '_metadata', None)
-        if metadata is None:
-            metadata = part._metadata = OrderedDict()
-        setattr(metadata, _SOURCE, source)
-    return checkpoint
-
-
-def source_of(state_dict: Mapping) -> Optional[str]:
-    """The source ``tag_source`` gave ``state_dict``, or None."""
-    return getattr(getattr(state_dict, '_metadata', None), _SOURCE, None)
-
-
-def history_buffer_statistics() -> Set[str]:
-    """The names of ``HistoryBuffer``'s statistics methods, which mmengine pickles as
-    ``getattr(HistoryBuffer, name)``."""
-    from mmengine.logging import HistoryBuffer
-    # reason: `_statistics_methods` is filled only once a HistoryBuffer is built in this process,
-    # so a fresh `--resume` process would find it empty; the four defaults are named explicitly
-    return {'min', 'max', 'current', 'mean', *HistoryBuffer._statistics_methods}
 
 
 def init_amp_optim_wrapper_without_accelerator(wrapper: Any, dtype: Any, loss_scaler: Any,

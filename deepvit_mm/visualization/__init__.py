@@ -1,5 +1,7 @@
-"""Pictures of what a model computes: its maps laid over the image they were computed from."""
+"""Pictures of what a model computes: its maps laid over the image they were computed from, and
+its training curves."""
 from .align import align_to_image, valid_grid
+from .curves import Scalars, find_scalars, plot_curves, read_scalars
 from .featmaps import (
     CHANNEL_REDUCTIONS,
     FeatmapExtractor,
@@ -10,4 +12,5 @@ from .featmaps import (
 )
 
 __all__ = ['align_to_image', 'valid_grid', 'CHANNEL_REDUCTIONS', 'FeatmapExtractor',
-           'FeatmapLevel', 'LayerFeatmaps', 'VisualizationError', 'visualize_featmaps']
+           'FeatmapLevel', 'LayerFeatmaps', 'VisualizationError', 'visualize_featmaps',
+           'Scalars', 'find_scalars', 'read_scalars', 'plot_curves']

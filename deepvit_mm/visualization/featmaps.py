@@ -360,7 +360,7 @@ def save_layer_arrays(path: str, layer: LayerFeatmaps) -> None:
     np.savez(path, **arrays)
 
 
-def visualize_featmaps(inputs: str, config: str, checkpoint: str, out_dir: str, *,
+def visualize_featmaps(inputs, config: str, checkpoint: str, out_dir: str, *,
                        layers: Sequence[str] = ('backbone',),
                        channel_reduction: str = 'select_max', topk: int = 4,
                        arrangement: Tuple[int, int] = (2, 2), alpha: float = 0.5,
@@ -375,7 +375,7 @@ def visualize_featmaps(inputs: str, config: str, checkpoint: str, out_dir: str, 
     read, the layers found, the flags checked and the first image's maps computed first.
 
     Args:
-        inputs (str): An image file or a folder of them.
+        inputs (str | Sequence[str]): Image files or folders of them.
         config (str): An mmdet or mmseg config file.
         checkpoint (str): Its weights.
         out_dir (str): Where the pictures go.
@@ -408,7 +408,8 @@ def visualize_featmaps(inputs: str, config: str, checkpoint: str, out_dir: str, 
                                  f'{arrangement[0]} {arrangement[1]}: give rows x columns >= topk')
     if not 0 <= alpha <= 1:
         raise VisualizationError(f'--alpha {alpha}: give a weight in [0, 1]')
-    files = list_images(inputs)
+    files = [f for item in ([inputs] if isinstance(inputs, str) else inputs)
+             for f in list_images(str(item))]
     for f in files:  # every image readable before the model is built or anything written
         read_image(f)
     extractor = extractor or FeatmapExtractor(config, checkpoint, layers, device, cfg_options)

@@ -3,7 +3,7 @@
 resized to the image (deepvit_mm/visualization/featmaps.py says how).
 
     python tools/analysis/featmap_vis.py demo.jpg configs/mask_rcnn_xcit_s12_8_3x.py model.pth
-    python tools/analysis/featmap_vis.py images/ CONFIG CKPT --target-layers backbone neck \\
+    python tools/analysis/featmap_vis.py images/ a.jpg CONFIG CKPT --target-layers backbone neck \\
         --channel-reduction none --topk 4 --arrangement 2 2 --save-arrays --device cpu
 
 writes OUT_DIR/<image>_<layer>_0.png (every level of the layer, labelled with its stride) through
@@ -23,7 +23,7 @@ CHANNEL_REDUCTIONS = ('squeeze_mean', 'select_max', 'none')  # featmaps.CHANNEL_
 
 def parse_args():
     parser = argparse.ArgumentParser(description='Draw feature maps over images')
-    parser.add_argument('img', help='image file or folder of images')
+    parser.add_argument('img', nargs='+', help='image files or folders of images')
     parser.add_argument('config', help='mmdet or mmseg config file')
     parser.add_argument('checkpoint', help='checkpoint: a .pth or .safetensors file, or an '
                                            'http(s):// URL')
@@ -55,6 +55,7 @@ def main():
     args = parse_args()
     import deepvit_mm  # noqa: F401  (registers the backbones, safe checkpoint loading)
     from deepvit_mm.checkpoints import CheckpointError
+    from deepvit_mm.models.utils.consumers import ChannelMismatchError
     from deepvit_mm.visualization import FeatmapExtractor, VisualizationError, visualize_featmaps
     try:
         if args.preview_model:
@@ -67,8 +68,9 @@ def main():
             channel_reduction=args.channel_reduction, topk=args.topk,
             arrangement=tuple(args.arrangement), alpha=args.alpha,
             save_arrays=args.save_arrays, device=args.device, cfg_options=args.cfg_options)
-    except (VisualizationError, FileNotFoundError, CheckpointError) as e:
-        sys.exit(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except (VisualizationError, FileNotFoundError, CheckpointError, ChannelMismatchError,
+            ImportError) as e:
+        sys.exit(str(e) or type(e).__name__)
     print(f'{len(written)} files written in {args.out_dir}: '
           f'{", ".join(os.path.basename(f) for f in written[:6])}'
           + (', ...' if len(written) > 6 else ''))

@@ -10,19 +10,16 @@ own objects only and leaves mmengine's behaviour for everything else as it was.
   The config module's ``is_installed`` and ``get_installed_path`` and the hub's
   ``get_installed_path`` and ``install_package`` (a no-op for an installed package) answer for the
   registered package only, without ``pkg_resources``; every other name goes to mmengine's own.
-* ``init_amp_optim_wrapper_without_accelerator``: what ``AmpOptimWrapper.__init__`` sets up, its
-  private ``_scale_update_param`` included, without its assertion of an accelerator (0.10.3,
-  0.10.7), for ``CPUAmpOptimWrapper``.
 * ``FSDPStrategy``: mmengine's FSDP strategy class, which it exports only from its private
   ``mmengine._strategy`` (its registry ``STRATEGIES`` has it by name), for
   ``GlobalNormFSDPStrategy`` to subclass (0.10.3, 0.10.7).
 """
 import os.path as osp
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from mmengine._strategy import FSDPStrategy
 
-__all__ = ['register_config_package', 'init_amp_optim_wrapper_without_accelerator', 'FSDPStrategy']
+__all__ = ['register_config_package', 'FSDPStrategy']
 
 _MARK = '_deepvit_mm'
 
@@ -55,15 +52,3 @@ def _answer_for(package: str, answer: Any, original: Callable[[str], Any]) -> Ca
     return for_package
 
 
-def init_amp_optim_wrapper_without_accelerator(wrapper: Any, dtype: Any, loss_scaler: Any,
-                                               fixed_scale: Optional[float] = None,
-                                               **kwargs) -> None:
-    """Set ``wrapper`` (an ``AmpOptimWrapper``) up as its ``__init__`` would, which asserts an
-    accelerator: ``OptimWrapper``'s arguments ``kwargs``, autocast ``dtype``, ``loss_scaler``, and
-    the scale its ``update_params`` passes to the scaler's ``update`` (``fixed_scale``, or None:
-    dynamic)."""
-    from mmengine.optim import OptimWrapper
-    OptimWrapper.__init__(wrapper, **kwargs)
-    wrapper.cast_dtype = dtype
-    wrapper.loss_scaler = loss_scaler
-    wrapper._scale_update_param = fixed_scale

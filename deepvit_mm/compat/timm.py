@@ -5,22 +5,18 @@
   (``drop_path1..3``); earlier releases share one ``drop_path``.
 * ``drop_pruned_classifier_parameters``: ``prune_intermediate_layers(prune_head=True)`` keeps the
   class token before timm 1.0.31.
-* ``declared_no_weight_decay``: ``no_weight_decay()`` names XCiT's position encoding as a module
-  (``'pos_embed'``) before timm 1.0.31 and as a pattern (``'pos_embed.*'``) from it on.
 * ``create_model``: timm 1.0.16's ViT, EVA and BEiT read their stochastic-depth rates with
   ``.item()`` from ``torch.linspace`` on the default device, which fails on the meta device (a
   model built there for its structure); 1.0.31 asks for the CPU itself.
 """
-import fnmatch
-from typing import Iterable, List
+from typing import Iterable
 
 import timm
 import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-__all__ = ['drop_path_of', 'drop_pruned_classifier_parameters', 'declared_no_weight_decay',
-           'create_model']
+__all__ = ['drop_path_of', 'drop_pruned_classifier_parameters', 'create_model']
 
 
 def drop_path_of(block: nn.Module, i: int) -> nn.Module:
@@ -35,17 +31,6 @@ def drop_pruned_classifier_parameters(trunk: nn.Module, parts: Iterable[str]) ->
     for part in parts:
         if isinstance(getattr(trunk, part, None), nn.Parameter):
             setattr(trunk, part, None)
-
-
-def declared_no_weight_decay(module: nn.Module) -> List[str]:
-    """Names, relative to ``module``, of its parameters that its ``no_weight_decay()`` declares
-    (``fnmatch`` patterns, or module names covering their parameters); none without one."""
-    declared = getattr(module, 'no_weight_decay', None)
-    if not callable(declared):
-        return []
-    patterns = set(declared())
-    return [n for n, _ in module.named_parameters()
-            if any(fnmatch.fnmatchcase(n, p) or n.startswith(p + '.') for p in patterns)]
 
 
 class _LinspaceOnCPU(TorchFunctionMode):

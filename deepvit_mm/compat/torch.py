@@ -9,16 +9,12 @@ in between has the API and fails (``deepvit_mm.version.FEATURE_FLOORS``).
 * ``autocast_enabled`` / ``autocast_dtype``: ``torch.is_autocast_enabled(device_type)`` and
   ``torch.get_autocast_dtype`` (2.4+); torch 2.1 has the CUDA-only argument-less forms and
   ``is_autocast_cpu_enabled`` / ``get_autocast_cpu_dtype``.
-* ``cpu_grad_scaler`` / ``cpu_float16_training_problem``: float16 training on CPU needs
-  ``torch.amp.GradScaler('cpu')`` (2.3+) and float16 CPU autocast; torch 2.1 has neither (its CPU
-  autocast turns itself off for float16), so there float16 is refused with what to do.
 * ``cpu_fsdp_problem``: FullyShardedDataParallel on CPU processes (gloo) runs on torch 2.13 and
   fails on 2.1 (by version, ``version.FEATURE_FLOORS``).
 * ``blocks_compile_problem``: the backbones' ``compile_blocks`` needs ``nn.Module.compile`` (in
   place: the state dict keeps its keys) and dynamo's ``inline_inbuilt_nn_modules`` (every block's
   copy of a part one graph); torch 2.1 has the first only.
-* ``NORM_LAYERS``: the normalisation layer types, with ``nn.RMSNorm`` where it exists (2.4+);
-  ``BatchNormBase``, ``ConvBase``: the base classes of batch norms and convolutions (private
+* ``BatchNormBase``, ``ConvBase``: the base classes of batch norms and convolutions (private
   names in torch).
 * ``sdpa_takes_float_masks_under_autocast``: ``F.scaled_dot_product_attention`` under autocast with
   a float additive mask (timm's BEiT passes its relative position bias so): torch 2.13 casts
@@ -34,20 +30,18 @@ Private torch APIs, each with the reason it is used and the releases it was test
 """
 import functools
 import os
-from typing import Any, Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn as nn
-from torch.nn.modules.batchnorm import _BatchNorm, _NormBase
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 
 from ..version import FEATURE_FLOORS, release
 
 __all__ = [
-    'TORCH_VERSION', 'autocast_enabled', 'autocast_dtype',
-    'cpu_grad_scaler', 'cpu_float16_training_problem',
-    'cpu_fsdp_problem', 'blocks_compile_problem', 'inductor_cache_problem', 'NORM_LAYERS',
-    'BatchNormBase', 'ConvBase', 'in_backward', 'cpu_has_bfloat16',
+    'TORCH_VERSION', 'autocast_enabled', 'autocast_dtype', 'cpu_fsdp_problem',
+    'blocks_compile_problem', 'inductor_cache_problem', 'BatchNormBase', 'ConvBase', 'in_backward',
     'sdpa_takes_float_masks_under_autocast'
 ]
 
@@ -90,41 +84,6 @@ def autocast_dtype(device_type: str) -> torch.dtype:
     if device_type == 'cpu':
         return torch.get_autocast_cpu_dtype()
     return torch.get_autocast_gpu_dtype()
-
-
-def cpu_float16_training_problem() -> Optional[str]:
-    """None if this torch trains in float16 on CPU (autocast + loss scaling), else why not."""
-    if not hasattr(torch.amp, 'GradScaler'):  # torch < 2.3: torch.cuda.amp.GradScaler only
-        return (f"torch {torch.__version__} has no CPU loss scaler (torch.amp.GradScaler('cpu'), "
-                'torch >= 2.3) and no float16 CPU autocast: train in float32 or bfloat16 there, '
-                'or in float16 on a GPU')
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')  # a torch without it warns and turns autocast off
-        with torch.autocast('cpu', dtype=torch.float16):
-            on = autocast_enabled('cpu') and autocast_dtype('cpu') == torch.float16
-    if not on:
-        return f'torch {torch.__version__} has no float16 CPU autocast'
-    return None
-
-
-def cpu_grad_scaler(enabled: bool = True, **kwargs: Any) -> Any:
-    """A gradient scaler for CPU training: torch's ``GradScaler('cpu')``; disabled (a pass-through
-    that scales nothing, for bfloat16), any torch's.
-
-    Args:
-        enabled (bool): Scale losses (float16). Default: True.
-        kwargs: ``GradScaler`` arguments (``init_scale``, ``growth_interval``, ...).
-
-    Raises:
-        RuntimeError: ``enabled`` on a torch without CPU loss scaling
-            (``cpu_float16_training_problem``).
-    """
-    if hasattr(torch.amp, 'GradScaler'):
-        return torch.amp.GradScaler('cpu', enabled=enabled, **kwargs)
-    if enabled:
-        raise RuntimeError(cpu_float16_training_problem())
-    return torch.cuda.amp.GradScaler(enabled=False)  # torch < 2.3; disabled, it touches no GPU
 
 
 def cpu_fsdp_problem() -> Optional[str]:
@@ -185,11 +144,6 @@ def inductor_cache_problem() -> Optional[str]:
 BatchNormBase = _BatchNorm
 ConvBase = _ConvNd
 
-#: every normalisation layer type of this torch (``nn.RMSNorm``: torch >= 2.4)
-NORM_LAYERS: Tuple[type, ...] = (_NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm) + (
-    (nn.RMSNorm,) if hasattr(nn, 'RMSNorm') else ())
-
-
 # --------------------------------------------------------------------------------------------
 # private APIs
 # --------------------------------------------------------------------------------------------
@@ -198,25 +152,6 @@ def in_backward() -> bool:
     # reason: the only time a module runs forward while a graph task executes; torch.utils.
     # checkpoint tells its recomputation apart by the same private call (torch 2.1 to 2.13)
     return torch._C._current_graph_task_id() != -1
-
-
-def cpu_has_bfloat16() -> bool:
-    """Whether torch computes bfloat16 natively on this CPU: the CPU has AVX512-BF16 or AMX and
-    torch runs its AVX-512 kernels (not capped at AVX2 by ``ATEN_CPU_CAPABILITY``, as on an
-    AVX2-only CPU)."""
-    if not torch.backends.cpu.get_cpu_capability().startswith('AVX512'):
-        return False
-    # reason: torch.cpu exposes these checks only under private names (torch 2.4 to 2.13)
-    checks = [getattr(torch.cpu, c, None) for c in ('_is_avx512_bf16_supported',
-                                                    '_is_amx_tile_supported')]
-    if any(c is not None for c in checks):
-        return any(c() for c in checks if c is not None)
-    try:  # torch 2.1 has neither check: the CPU's own flags (Linux)
-        with open('/proc/cpuinfo') as f:
-            flags = next((line.split() for line in f if line.startswith('flags')), [])
-    except OSError:
-        return False
-    return 'avx512_bf16' in flags or 'amx_bf16' in flags
 
 
 @functools.cache

@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from deepvit_mm.compat.torch import cpu_float16_training_problem
+from deepvit_mm.engine.optimizers.cpu_amp_optim_wrapper import cpu_float16_training_problem
 
 from .baselines import BASELINES
 from .batches import backbone_input, synthetic_batch

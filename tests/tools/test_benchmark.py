@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from deepvit_mm.compat.torch import cpu_float16_training_problem
+from deepvit_mm.engine.optimizers.cpu_amp_optim_wrapper import cpu_float16_training_problem
 from deepvit_tools import benchmark as bm
 
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')

@@ -32,9 +32,8 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
-from ...compat.torch import cpu_has_bfloat16
 from ...utils import unwrap_model
-from ..optimizers.cpu_amp_optim_wrapper import CPUAmpOptimWrapper
+from ..optimizers.cpu_amp_optim_wrapper import CPUAmpOptimWrapper, cpu_has_bfloat16
 
 __all__ = ['FastestStepHook']
 

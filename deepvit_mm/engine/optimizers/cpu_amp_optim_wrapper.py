@@ -1,7 +1,15 @@
 """Mixed precision on CPU: ``CPUAmpOptimWrapper`` (bfloat16 autocast, or float16 with dynamic loss
 scaling), and ``fit_precision_to_device`` for the fp16 recipes. mmcv's compiled ops, whose CPU
 kernels take float32 only, run in float32 under the wrapper's autocast
-(``compat.mmcv.run_mmcv_ops_in_float32``).
+(``mmcv_ops_in_float32``).
+
+Where torch releases differ (torch 2.1.0 and 2.13.0 tested): float16 training on CPU needs
+``torch.amp.GradScaler('cpu')`` (torch 2.3+) and float16 CPU autocast; torch 2.1 has neither (its
+CPU autocast turns itself off for float16), so there float16 is refused with what to do
+(``cpu_float16_training_problem``; ``cpu_grad_scaler``). mmengine's ``AmpOptimWrapper.__init__``
+asserts an accelerator (0.10.3, 0.10.7): the wrapper sets up what it would, its private
+``_scale_update_param`` included (``_init_without_accelerator``). ``cpu_has_bfloat16``: whether
+this CPU computes bfloat16 natively, which the wrapper and ``FastestStepHook`` ask.
 
 The Mask R-CNN recipes train in float16 with dynamic loss scaling, as the official XCiT code did
 (mmengine's ``AmpOptimWrapper``, which needs an accelerator). ``fit_precision_to_device`` turns
@@ -18,11 +26,76 @@ from mmengine.logging import print_log
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
-from ...compat.mmcv import run_mmcv_ops_in_float32
-from ...compat.mmengine import init_amp_optim_wrapper_without_accelerator
-from ...compat.torch import cpu_grad_scaler, cpu_has_bfloat16
+from ...compat.torch import autocast_dtype, autocast_enabled
+from .mmcv_ops_in_float32 import run_mmcv_ops_in_float32
 
-__all__ = ['CPUAmpOptimWrapper', 'fit_precision_to_device']
+__all__ = ['CPUAmpOptimWrapper', 'fit_precision_to_device', 'cpu_float16_training_problem',
+           'cpu_grad_scaler', 'cpu_has_bfloat16']
+
+
+def cpu_float16_training_problem() -> Optional[str]:
+    """None if this torch trains in float16 on CPU (autocast + loss scaling), else why not."""
+    if not hasattr(torch.amp, 'GradScaler'):  # torch < 2.3: torch.cuda.amp.GradScaler only
+        return (f"torch {torch.__version__} has no CPU loss scaler (torch.amp.GradScaler('cpu'), "
+                'torch >= 2.3) and no float16 CPU autocast: train in float32 or bfloat16 there, '
+                'or in float16 on a GPU')
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # a torch without it warns and turns autocast off
+        with torch.autocast('cpu', dtype=torch.float16):
+            on = autocast_enabled('cpu') and autocast_dtype('cpu') == torch.float16
+    if not on:
+        return f'torch {torch.__version__} has no float16 CPU autocast'
+    return None
+
+
+def cpu_grad_scaler(enabled: bool = True, **kwargs: Any) -> Any:
+    """A gradient scaler for CPU training: torch's ``GradScaler('cpu')``; disabled (a pass-through
+    that scales nothing, for bfloat16), any torch's.
+
+    Args:
+        enabled (bool): Scale losses (float16). Default: True.
+        kwargs: ``GradScaler`` arguments (``init_scale``, ``growth_interval``, ...).
+
+    Raises:
+        RuntimeError: ``enabled`` on a torch without CPU loss scaling
+            (``cpu_float16_training_problem``).
+    """
+    if hasattr(torch.amp, 'GradScaler'):
+        return torch.amp.GradScaler('cpu', enabled=enabled, **kwargs)
+    if enabled:
+        raise RuntimeError(cpu_float16_training_problem())
+    return torch.cuda.amp.GradScaler(enabled=False)  # torch < 2.3; disabled, it touches no GPU
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether torch computes bfloat16 natively on this CPU: the CPU has AVX512-BF16 or AMX and
+    torch runs its AVX-512 kernels (not capped at AVX2 by ``ATEN_CPU_CAPABILITY``, as on an
+    AVX2-only CPU)."""
+    if not torch.backends.cpu.get_cpu_capability().startswith('AVX512'):
+        return False
+    # reason: torch.cpu exposes these checks only under private names (torch 2.4 to 2.13)
+    checks = [getattr(torch.cpu, c, None) for c in ('_is_avx512_bf16_supported',
+                                                    '_is_amx_tile_supported')]
+    if any(c is not None for c in checks):
+        return any(c() for c in checks if c is not None)
+    try:  # torch 2.1 has neither check: the CPU's own flags (Linux)
+        with open('/proc/cpuinfo') as f:
+            flags = next((line.split() for line in f if line.startswith('flags')), [])
+    except OSError:
+        return False
+    return 'avx512_bf16' in flags or 'amx_bf16' in flags
+
+
+def _init_without_accelerator(wrapper: AmpOptimWrapper, dtype: torch.dtype, loss_scaler: Any,
+                              fixed_scale: Optional[float] = None, **kwargs) -> None:
+    """Set ``wrapper`` up as ``AmpOptimWrapper.__init__`` would, which asserts an accelerator:
+    ``OptimWrapper``'s arguments ``kwargs``, autocast ``dtype``, ``loss_scaler``, and the scale
+    its ``update_params`` passes to the scaler's ``update`` (``fixed_scale``, or None: dynamic)."""
+    OptimWrapper.__init__(wrapper, **kwargs)
+    wrapper.cast_dtype = dtype
+    wrapper.loss_scaler = loss_scaler
+    wrapper._scale_update_param = fixed_scale
 
 
 @OPTIM_WRAPPERS.register_module()
@@ -58,8 +131,7 @@ class CPUAmpOptimWrapper(AmpOptimWrapper):
                                 f'{loss_scale!r}')
         else:
             scaler = cpu_grad_scaler(enabled=False)
-        init_amp_optim_wrapper_without_accelerator(self, getattr(torch, dtype), scaler, fixed_scale,
-                                                   **kwargs)
+        _init_without_accelerator(self, getattr(torch, dtype), scaler, fixed_scale, **kwargs)
         #: False: float32, no autocast (``FastestStepHook`` sets it where float32 is faster)
         self.autocast = True
         run_mmcv_ops_in_float32()

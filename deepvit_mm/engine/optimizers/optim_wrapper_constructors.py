@@ -29,6 +29,7 @@ which decay as in the official code, i.e. also LayerScale, XCA's temperature, th
 embeddings and every norm layer (BatchNorms included) skip weight decay. Its effect on the demo is
 in docs/training.md.
 """
+import fnmatch
 from collections import OrderedDict
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -37,14 +38,31 @@ from mmengine.dist import get_dist_info
 from mmengine.logging import print_log
 from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_CONSTRUCTORS
+from torch.nn.modules.batchnorm import _NormBase
 
-from ...compat.timm import declared_no_weight_decay
-from ...compat.torch import NORM_LAYERS
 from ...models.backbones.columnar import ColumnarBackbone
 from ...registry import family_registries
 
 __all__ = ['ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
            'no_weight_decay_names', 'layer_ids']
+
+#: every normalisation layer type of this torch: ``_NormBase`` (private in torch) is the base of the
+#: batch and instance norms; ``nn.RMSNorm`` exists from torch 2.4
+NORM_LAYERS: Tuple[type, ...] = (_NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm) + (
+    (nn.RMSNorm,) if hasattr(nn, 'RMSNorm') else ())
+
+
+def declared_no_weight_decay(module: nn.Module) -> List[str]:
+    """Names, relative to ``module``, of its parameters that its ``no_weight_decay()`` declares:
+    ``fnmatch`` patterns, or module names covering their parameters (timm's XCiT names its
+    position encoding as a module, ``'pos_embed'``, before timm 1.0.31 and as a pattern,
+    ``'pos_embed.*'``, from it on); none without one."""
+    declared = getattr(module, 'no_weight_decay', None)
+    if not callable(declared):
+        return []
+    patterns = set(declared())
+    return [n for n, _ in module.named_parameters()
+            if any(fnmatch.fnmatchcase(n, p) or n.startswith(p + '.') for p in patterns)]
 
 
 def fsdp_original_ndims(model: nn.Module) -> Dict[int, int]:

@@ -11,8 +11,8 @@ from mmengine.runner import Runner
 
 import deepvit_mm.engine.hooks.fastest_step_hook as fastest_step
 from deepvit_mm.apis import prepare_config
-from deepvit_mm.compat.torch import cpu_has_bfloat16
 from deepvit_mm.engine import CPUAmpOptimWrapper, FastestStepHook
+from deepvit_mm.engine.optimizers.cpu_amp_optim_wrapper import cpu_has_bfloat16
 
 WARMUP = 2
 
@@ -179,7 +179,8 @@ def test_bfloat16_is_not_native_on_avx2_kernels():
     bfloat16 whatever the CPU's flags: no bfloat16 candidate then."""
     import subprocess
     import sys
-    code = 'from deepvit_mm.compat.torch import cpu_has_bfloat16; print(cpu_has_bfloat16())'
+    code = ('from deepvit_mm.engine.optimizers.cpu_amp_optim_wrapper import cpu_has_bfloat16; '
+            'print(cpu_has_bfloat16())')
     env = dict(os.environ, ATEN_CPU_CAPABILITY='avx2')
     run = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
                          timeout=300)

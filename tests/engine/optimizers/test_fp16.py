@@ -19,8 +19,8 @@ from mmengine.config import Config
 from mmengine.optim import OptimWrapper
 
 from deepvit_mm import CaiT, XCiT
-from deepvit_mm.compat.torch import cpu_float16_training_problem
 from deepvit_mm.engine import CPUAmpOptimWrapper, fit_precision_to_device
+from deepvit_mm.engine.optimizers.cpu_amp_optim_wrapper import cpu_float16_training_problem
 
 pytestmark = pytest.mark.skipif(cpu_float16_training_problem() is not None,
                                 reason=str(cpu_float16_training_problem()))

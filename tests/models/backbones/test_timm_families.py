@@ -14,8 +14,8 @@ from timm.layers import resample_abs_pos_embed
 
 from deepvit_mm import TimmBEiT, TimmEVA, TimmViT
 from deepvit_mm.compat.timm import create_model
-from deepvit_mm.compat.torch import cpu_float16_training_problem
 from deepvit_mm.engine.distributed.fsdp import columnar_block_policy
+from deepvit_mm.engine.optimizers.cpu_amp_optim_wrapper import cpu_float16_training_problem
 from deepvit_mm.engine.optimizers.optim_wrapper_constructors import layer_ids
 from deepvit_mm.utils import meta_device
 

@@ -7,7 +7,7 @@ import torch.nn as nn
 
 import deepvit_mm.models.backbones.xcit.fast as xcit_fast
 from deepvit_mm import XCiT
-from deepvit_mm.compat.torch import cpu_float16_training_problem
+from deepvit_mm.engine.optimizers.cpu_amp_optim_wrapper import cpu_float16_training_problem
 from deepvit_mm.models.backbones.xcit.fast import xca_block_inference, xca_from_gram
 
 pytestmark = pytest.mark.numerics  # bounds that depend on the CPU's kernels

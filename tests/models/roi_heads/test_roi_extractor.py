@@ -5,7 +5,7 @@ import pytest
 import torch
 from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
 
-from deepvit_mm.compat.mmcv import run_mmcv_ops_in_float32
+from deepvit_mm.engine.optimizers.mmcv_ops_in_float32 import run_mmcv_ops_in_float32
 from deepvit_mm.models.roi_heads import CPUSingleRoIExtractor
 from deepvit_mm.models.roi_heads.roi_extractors import cpu_single_level_roi_extractor as roi_extractor
 
@@ -75,7 +75,8 @@ def test_equals_mmcv_roi_align(strides, output_size, sampling_ratio, aligned, mo
 
 def test_bfloat16_autocast_equals_mmcv_in_float32():
     """Under CPU bfloat16 autocast (CPUAmpOptimWrapper) mmcv's RoIAlign runs in float32 on
-    bfloat16 features and RoIs (``compat.mmcv``); so does the gather, with the same dtype out."""
+    bfloat16 features and RoIs (``engine.optimizers.mmcv_ops_in_float32``); so does the gather,
+    with the same dtype out."""
     run_mmcv_ops_in_float32()
     ref, new = _pair(output_size=7, sampling_ratio=2)
     feats, rois = _feats(STRIDES, dtype=torch.bfloat16), _rois(40, 128, 2)

@@ -1,6 +1,5 @@
-"""What deepvit_mm changes in mmcv 2.1.0 (the only release mmdet 3.3 and mmseg 1.2 accept).
-
-* ``run_mmcv_ops_in_float32``: mixed precision on CPU for mmcv's compiled ops.
+"""Mixed precision on CPU for mmcv's compiled ops: what ``CPUAmpOptimWrapper`` changes in mmcv
+2.1.0 (the only release mmdet 3.3 and mmseg 1.2 accept).
 
 ``torch.autocast`` only knows PyTorch's own operators. The ops of ``mmcv.ops`` (NMS, RoIAlign,
 deformable convolution, ...) are ``torch.autograd.Function`` s calling compiled kernels whose CPU
@@ -22,7 +21,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .torch import autocast_enabled
+from ...compat.torch import autocast_enabled
 
 __all__ = ['run_mmcv_ops_in_float32']
 

@@ -6,7 +6,7 @@
   and XCiT's class attention) and our dense backbones (CaiT and ViT with windows, EVA-02, BEiT);
 * aligned: a query patch whose attention is built to peak on itself lands on the image where
   ``--patch`` put it, through a classifier's resize and padding (patch 14 and 16, BEiT's fixed
-  grid) and a detector's test pipeline, preprocessor padding and backbone padding;
+  grid) and a detector's and a segmentor's test pipeline, preprocessor and backbone padding;
 * DINO's top share of attention mass;
 * the tool: files, arrays, the pretrained classifier in place of a detector's missing class
   attention, and bad input refused in one line with nothing written.
@@ -21,7 +21,7 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
-from conftest import DEMO_DET, EARLY, ROOT, build_model, randomize_
+from conftest import DEMO_DET, DEMO_SEG, EARLY, ROOT, build_model, randomize_
 from mmengine.config import Config
 from timm.utils import AttentionExtract
 
@@ -265,30 +265,34 @@ def test_a_classifiers_patch_attention_lands_where_the_patch_is(tmp_path, name, 
     assert not (SPOT[0].start <= y < SPOT[0].stop and SPOT[1].start <= x < SPOT[1].stop)
 
 
-@pytest.fixture(scope='module')
-def vit_detector(tmp_path_factory):
-    """The detection demo with a 4-block ViT-Ti/16 backbone, block 0 made to attend to like
-    patches, its checkpoint."""
-    root = tmp_path_factory.mktemp('vit_det')
-    config = root / 'vit_det.py'
-    config.write_text(f"_base_ = {DEMO_DET!r}\nmodel = dict(backbone=dict(_delete_=True, "
+def _vit_dense(root, base: str):
+    """A demo config with a 4-block ViT-Ti/16 backbone, block 0 made to attend to like patches,
+    and its checkpoint."""
+    config = root / 'vit_dense.py'
+    config.write_text(f"_base_ = {base!r}\nmodel = dict(backbone=dict(_delete_=True, "
                       "type='TimmViT', arch='vit_tiny_patch16_224', out_indices=(0, 1, 2, 3), "
                       "init_cfg=None), neck=dict(in_channels=[192] * 4))\n")
     torch.manual_seed(0)
     model = build_model(Config.fromfile(str(config)))
     _peak_on_like_patches_(model.backbone.trunk)
-    torch.save({'state_dict': model.state_dict()}, root / 'vit_det.pth')
-    return str(config), str(root / 'vit_det.pth')
+    torch.save({'state_dict': model.state_dict()}, root / 'vit_dense.pth')
+    return str(config), str(root / 'vit_dense.pth')
 
 
-def test_a_detectors_patch_attention_lands_where_the_patch_is(tmp_path, vit_detector):
-    """Through the demo's test pipeline (100 x 150 -> 171 x 256), its preprocessor's padding to
-    32 (-> 192 x 256) and the patch grid (12 x 16)."""
-    config, ckpt = vit_detector
+@pytest.mark.parametrize('base,img_shape,pad_shape', [
+    # the detection demo: 100 x 150 -> 171 x 256, padded to 32 by its preprocessor (192 x 256)
+    (DEMO_DET, (171, 256), (192, 256)),
+    # the segmentation demo: 100 x 150 -> 256 x 384 (mmseg's Resize), a multiple of 32 as it is
+    (DEMO_SEG, (256, 384), (256, 384)),
+], ids=['detector', 'segmentor'])
+def test_a_dense_models_patch_attention_lands_where_the_patch_is(tmp_path, base, img_shape,
+                                                                 pad_shape):
+    """Through the config's test pipeline and data preprocessor, and the backbone's padding."""
+    config, ckpt = _vit_dense(tmp_path, base)
     drawer = AttentionDrawer(config, ckpt, blocks=[0], device='cpu')
     assert drawer.kind == 'patch'
     result = drawer.compute(_spot_image(tmp_path / 'spot.png'), patch='120,83')
-    assert result.img_shape == (171, 256) and result.maps[0].pad_shape == (192, 256)
+    assert result.img_shape == img_shape and result.maps[0].pad_shape == pad_shape
     _assert_peak_in_spot(drawer(str(tmp_path / 'spot.png'), patch='120,83'))
 
 

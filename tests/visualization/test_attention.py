@@ -231,13 +231,13 @@ def _cells_by_hand(grid, patch, img_shape, ori_shape) -> np.ndarray:
 ])
 def test_each_cell_lands_on_the_pixels_it_was_computed_from(grid, patch, img_shape, ori_shape):
     """Every cell of a map with a value a cell (nearest resizing) lands on the original pixels
-    whose centre it covers, up to the pixels on a cell's edge, where two resizings round either
-    way; a map stretched over its padding would put a tenth or more on another cell."""
+    whose centre it covers (every pixel here; 1 % is allowed on cells' edges, where two resizings
+    may round either way); a map stretched over its padding puts 16-90 % on another cell."""
     cells = torch.arange(grid[0] * grid[1], dtype=torch.float32).reshape(1, *grid)
     m = AttentionMap(site=None, label='', tag='', heads=cells, patch_size=(patch, patch))
     got = m.aligned(img_shape, ori_shape, mode='nearest-exact')['head0']
     want = _cells_by_hand(grid, patch, img_shape, ori_shape)
-    assert (got == want).mean() > 0.97
+    assert (got == want).mean() > 0.99
     stretched = _cells_by_hand(grid, patch, m.pad_shape, ori_shape)
     assert (stretched == want).mean() < 0.9  # the check above can fail
 

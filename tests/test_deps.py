@@ -238,14 +238,14 @@ REACHES_INTO_LIBRARIES = {
     'compat/mmengine.py': ['from mmengine._strategy import FSDPStrategy',
                            'mm_config.get_installed_path = ...', 'mm_config.is_installed = ...',
                            'mm_hub.get_installed_path = ...', 'mm_hub.install_package = ...'],
-    'compat/torch.py': ['from torch.nn.modules.batchnorm import _BatchNorm',
-                        'from torch.nn.modules.conv import _ConvNd', 'torch._C._current_graph_task_id',
-                        'torch._C'],
     'engine/distributed/fsdp.py': [
         'from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype',
         'torch._foreach_norm'],
     'engine/optimizers/optim_wrapper_constructors.py': [
         'from torch.nn.modules.batchnorm import _NormBase'],
+    'models/backbones/grad_checkpointing.py': ['torch._C._current_graph_task_id', 'torch._C'],
+    'models/layers.py': ['from torch.nn.modules.batchnorm import _BatchNorm',
+                         'from torch.nn.modules.conv import _ConvNd'],
     'tracing.py': ['torch._dynamo'],
 }
 

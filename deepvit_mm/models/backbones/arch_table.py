@@ -13,8 +13,8 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 from timm.layers import to_2tuple
 
-from ...compat.timm import create_model
 from ...utils import meta_device
+from .timm_releases import create_model
 
 __all__ = ['ArchSpec', 'ArchTable', 'read_timm_arch']
 

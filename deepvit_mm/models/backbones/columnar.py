@@ -31,25 +31,23 @@ import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 
-from ...compat.timm import drop_pruned_classifier_parameters
-from ...compat.torch import (
-    BatchNormBase,
-    autocast_enabled,
-    blocks_compile_problem,
-    inductor_cache_problem,
-)
+from ...compat.torch import autocast_enabled
 from ...tracing import in_graph_capture
+from ..layers import BatchNormBase
 from .arch_table import ArchSpec
 from .checks import (
+    blocks_compile_problem,
     check_arguments,
     check_compile_blocks,
     check_finite,
     check_input,
     check_out_indices,
     free_memory,
+    inductor_cache_problem,
 )
 from .columnar_pyramid import PAPER_STRIDES, ColumnarPyramid
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
+from .timm_releases import drop_pruned_classifier_parameters
 from .weights import ColumnarWeights
 
 __all__ = ['ColumnarBackbone', 'ColumnarArgs', 'ArchSpec', 'FeatureLevels', 'paper_taps']
@@ -198,9 +196,9 @@ class ColumnarBackbone(ColumnarWeights, BaseModule):
             each part once). A dict gives ``torch.compile``'s options (``mode``, ``backend``,
             ``options``; ``dynamic`` defaults to True). What runs around those parts (norms,
             residuals, stochastic depth, a family's own layers) stays eager. Needs a torch whose
-            dynamo inlines modules (``compat.torch.blocks_compile_problem``: torch 2.13, not 2.1).
+            dynamo inlines modules (``checks.blocks_compile_problem``: torch 2.13, not 2.1).
             Warns where ``ATEN_CPU_CAPABILITY`` is set and inductor's cache is shared
-            (``compat.torch.inductor_cache_problem``).
+            (``checks.inductor_cache_problem``).
             docs/training.md#compiling-the-backbone has what it gains. Default: False.
         pad_input (bool): Zero-pad the input at the bottom/right to a multiple of the largest
             output stride, so that every level is exactly ``H/s``. Default: True.

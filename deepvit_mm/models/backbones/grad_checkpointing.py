@@ -19,13 +19,20 @@ from typing import ContextManager
 import torch
 import torch.nn as nn
 
-from ...compat.torch import BatchNormBase, in_backward
+from ..layers import BatchNormBase
 
 __all__ = ['enable_grad_checkpointing', 'full_recomputation']
 
 
+def _in_backward() -> bool:
+    """Whether autograd's backward pass is running (a checkpointed block being recomputed)."""
+    # reason: the only time a module runs forward while a graph task executes; torch.utils.
+    # checkpoint tells its recomputation apart by the same private call (torch 2.1 to 2.14)
+    return torch._C._current_graph_task_id() != -1
+
+
 def _save_stats_on_recompute(block: nn.Module, args) -> None:
-    if block.training and in_backward():
+    if block.training and _in_backward():
         block._deepvit_mm_stats = [
             (bn, [b.clone() for b in bn.buffers(recurse=False)]) for bn in block.modules()
             if isinstance(bn, BatchNormBase) and bn.training and bn.track_running_stats]

@@ -23,10 +23,10 @@ from typing import List, Optional, Sequence
 
 import torch.nn as nn
 
-from ...compat.torch import ConvBase
 from ...utils import unwrap_model
 from ..backbones import ColumnarBackbone
 from ..backbones.columnar_pyramid import PAPER_STRIDES
+from ..layers import ConvBase
 
 __all__ = ['ChannelMismatchError', 'check_consumers', 'check_model', 'consumer_problems']
 

@@ -10,8 +10,8 @@ import torch
 from conftest import CONFIG_DIR, DEMO_SEG, EARLY, build_model, seg_inputs
 
 from deepvit_mm import CaiT, XCiT
-from deepvit_mm.compat.torch import blocks_compile_problem
 from deepvit_mm.models.backbones import columnar
+from deepvit_mm.models.backbones.checks import blocks_compile_problem
 from deepvit_mm.models.backbones.xcit import fast
 
 needs_inlining = pytest.mark.skipif(blocks_compile_problem() is not None,

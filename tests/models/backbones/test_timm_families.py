@@ -13,10 +13,10 @@ from mmseg.registry import MODELS as MMSEG_MODELS
 from timm.layers import resample_abs_pos_embed
 
 from deepvit_mm import TimmBEiT, TimmEVA, TimmViT
-from deepvit_mm.compat.timm import create_model
 from deepvit_mm.engine.distributed.fsdp import columnar_block_policy
 from deepvit_mm.engine.optimizers.cpu_amp_optim_wrapper import cpu_float16_training_problem
 from deepvit_mm.engine.optimizers.optim_wrapper_constructors import layer_ids
+from deepvit_mm.models.backbones.timm_releases import create_model
 from deepvit_mm.utils import meta_device
 
 FAMILIES = {'TimmViT': TimmViT, 'TimmEVA': TimmEVA, 'TimmBEiT': TimmBEiT}
@@ -54,7 +54,7 @@ def test_arch_spec_is_timms_model(family):
     fam = FAMILIES[family]
     name = fam.examples[-1]
     spec = fam.arch_zoo[name]
-    with meta_device():  # (timm 1.0.16 builds on the meta device through compat.timm)
+    with meta_device():  # (timm 1.0.16 builds on the meta device through timm_releases)
         ref = create_model(name, num_classes=0)
     assert type(ref).__name__ in TIMM_CLASSES[family]
     assert (spec.embed_dim, spec.depth, spec.num_heads, spec.patch_size) == (

@@ -28,6 +28,7 @@ What differs between the families, and why it is written here:
 * **LayerScale** stays as each timm name builds it (``layer_scale_init`` overrides it where the
   model has LayerScale: DeiT III, DINOv2, BEiT).
 """
+import functools
 import math
 from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -38,12 +39,11 @@ import torch.nn.functional as F
 from timm.layers import to_2tuple
 from timm.models import beit, eva, vision_transformer
 
-from ....compat.timm import create_model
-from ....compat.torch import sdpa_takes_float_masks_under_autocast
 from ....registry import register_model
 from ..arch_table import ArchTable
 from ..cait.model import even_taps
 from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks
+from ..timm_releases import create_model
 from ..windows import check_windows, forward_grid
 from .window_attention import use_windows
 
@@ -332,6 +332,21 @@ class TimmEVA(TimmColumnar):
             and not any('relative_position_bias_table' in k for k in state_dict)
 
 
+@functools.cache
+def _sdpa_takes_float_masks_under_autocast() -> bool:
+    """Whether ``F.scaled_dot_product_attention`` accepts a float32 additive mask beside bfloat16
+    queries under CPU autocast, as timm's BEiT passes its relative position bias: torch 2.13 casts
+    them, torch 2.1 refuses ("Expected attn_mask dtype to be bool or to match query dtype").
+    Probed once on two tiny CPU tensors."""
+    q = torch.zeros(1, 1, 2, 2, dtype=torch.bfloat16)  # as a Linear's output under autocast
+    try:
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(2, 2))
+    except RuntimeError:
+        return False
+    return True
+
+
 @register_model
 class TimmBEiT(TimmColumnar):
     """timm's ``Beit`` for dense prediction: BEiT, BEiT v2 and every other name of
@@ -359,7 +374,7 @@ class TimmBEiT(TimmColumnar):
 
     def __init__(self, arch: str = 'beit_base_patch16_224', **kwargs) -> None:
         super().__init__(arch, **kwargs)
-        if not sdpa_takes_float_masks_under_autocast():
+        if not _sdpa_takes_float_masks_under_autocast():
             # torch 2.1's fused attention refuses BEiT's float relative position bias beside
             # half-precision queries (mixed precision): timm's unfused attention, the same math
             for blk in self.trunk.blocks:

@@ -37,9 +37,9 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ....compat.timm import drop_path_of
 from ....compat.torch import autocast_dtype, autocast_enabled
 from ....tracing import capturing_for_other_sizes
+from ..timm_releases import drop_path_of
 
 __all__ = ['token_gram', 'fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward',
            'xca_block_inference', 'xca_block_forward_auto', 'xca_block_forward_auto_compiled',

@@ -1,5 +1,5 @@
-"""What differs between the timm releases deepvit_mm supports (1.0.16 to 1.0.x, tested: 1.0.16 and
-1.0.31), each with the release that changed it.
+"""What differs between the timm releases the backbones build on (1.0.16 to 1.0.x, tested: 1.0.16
+and 1.0.31), each with the release that changed it.
 
 * ``drop_path_of``: timm 1.0.21 gave each residual of an XCA block its own stochastic depth
   (``drop_path1..3``); earlier releases share one ``drop_path``.

@@ -172,7 +172,10 @@ class FeatmapExtractor:
             from mmseg.apis import MMSegInferencer as Inferencer
         # the inferencer: the config's test pipeline as it runs on an array, the model with its
         # weights read through deepvit_mm's loader (mmengine's reader is routed there)
-        self.inferencer = Inferencer(model=cfg, weights=weights, device=device)
+        built = cfg.copy()
+        if built.get('visualizer') is not None:  # the inferencer's own draws nothing here
+            built.visualizer = dict(built.visualizer, vis_backends=[])
+        self.inferencer = Inferencer(model=built, weights=weights, device=device)
         self.model = self.inferencer.model.eval()
         check_model(self.model)
         self.layers = tuple(dict.fromkeys(layers))

@@ -20,7 +20,7 @@ What ``import deepvit_mm`` changes outside its own objects (docs/install.md list
   loaders as they are; ``deepvit_mm.install_mmengine_loader()`` installs them later.
 
 Later, only when used: ``CPUAmpOptimWrapper`` (mixed precision on CPU) makes mmcv's compiled ops
-run in float32 while CPU autocast is on (``deepvit_mm.compat.mmcv``).
+run in float32 while CPU autocast is on (``deepvit_mm.engine.optimizers.mmcv_ops_in_float32``).
 """
 import os
 
@@ -36,7 +36,7 @@ from .checkpoints import (  # noqa: E402
     read_checkpoint,
     trusted_checkpoints,
 )
-from .compat.mmengine import register_config_package  # noqa: E402
+from .config_package import register_config_package  # noqa: E402
 from .engine import (  # noqa: E402
     CheckConsumersHook,
     ColumnarLayerDecayOptimizerConstructor,

@@ -235,9 +235,9 @@ REACHES_INTO_LIBRARIES = {
     'checkpoints/reading.py': ['HistoryBuffer._statistics_methods'],
     'checkpoints/unpickling.py': ['from torch import _weights_only_unpickler',
                                   'wou._get_allowed_globals'],
-    'compat/mmengine.py': ['from mmengine._strategy import FSDPStrategy',
-                           'mm_config.get_installed_path = ...', 'mm_config.is_installed = ...',
-                           'mm_hub.get_installed_path = ...', 'mm_hub.install_package = ...'],
+    'compat/mmengine.py': ['from mmengine._strategy import FSDPStrategy'],
+    'config_package.py': ['mm_config.get_installed_path = ...', 'mm_config.is_installed = ...',
+                          'mm_hub.get_installed_path = ...', 'mm_hub.install_package = ...'],
     'engine/distributed/fsdp.py': [
         'from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype',
         'torch._foreach_norm'],

@@ -70,7 +70,7 @@ def test_import_changes_only_what_it_lists(keep):
     assert after['packages'] == sorted(before['packages'] + ['deepvit_mm'])
     for name in ('get_installed_path', 'is_installed', 'hub_get_installed_path',
                  'hub_install_package'):
-        assert after[name] == 'deepvit_mm.compat.mmengine', name
+        assert after[name] == 'deepvit_mm.config_package', name
     if keep:  # mmengine's checkpoint loading exactly as it was
         assert (after['schemes'], after['load_state_dict']) == \
             (before['schemes'], before['load_state_dict'])

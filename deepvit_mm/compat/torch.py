@@ -1,4 +1,5 @@
-"""What differs between the torch releases deepvit_mm supports that more than one part of it meets.
+"""What differs between the torch releases deepvit_mm supports that more than one part of it meets,
+and whether sharded training runs on CPU with this torch.
 
 Tested at both ends (``deepvit_mm.version.TESTED``): torch 2.1.0, the release OpenMMLab's mmcv
 2.1.0 wheels for torch 2.1 are built against, and the newest stack's torch. The autocast queries

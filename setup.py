@@ -1,4 +1,5 @@
-"""deepvit_mm: XCiT and CaiT backbones for mmdet 3.x and mmsegmentation 1.x.
+"""deepvit_mm: XCiT, CaiT and timm's ViT family (ViT, DeiT, DINOv2, EVA-02, BEiT) as backbones for
+mmdet 3.x and mmsegmentation 1.x.
 
 torch/torchvision and mmcv are not install_requires: torch's build is machine-specific and mmcv
 must be compiled against the installed torch (see tools/setup_env.sh). ``import deepvit_mm``
@@ -105,7 +106,8 @@ add_mim_extension()
 setup(
     name='deepvit_mm',
     version='0.1.0',
-    description='XCiT and CaiT as detection/segmentation backbones for mmdet 3.x and mmseg 1.x',
+    description=('XCiT, CaiT and timm\'s ViT family (ViT, DeiT, DINOv2, EVA-02, BEiT) as '
+                 'detection/segmentation backbones for mmdet 3.x and mmseg 1.x'),
     long_description=open(osp.join(HERE, 'README.md'), encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     python_requires='>={},<{}'.format(*_version_py()['PYTHON']),

@@ -16,7 +16,7 @@ One module per job, each depending only on those above it:
 =====================  ============================================================================
 
 Nothing here imports the backbones: a module that takes its weights through the matcher implements
-``matching.WeightsTarget`` (deepvit_mm's XCiT and CaiT do). What is and is not verified for each
+``matching.WeightsTarget`` (every deepvit_mm backbone does). What is and is not verified for each
 format, and the costs, are in docs/weights.md.
 """
 from .errors import CheckpointError

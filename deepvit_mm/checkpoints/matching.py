@@ -210,7 +210,7 @@ def _match_backbone(backbone: nn.Module, state_dict: Mapping[str, torch.Tensor],
 
 def weights_targets(model: nn.Module) -> List[Tuple[str, nn.Module]]:
     """``(prefix, module)`` of every module of ``model`` that takes its weights through the
-    matcher (``WeightsTarget``: deepvit_mm's XCiT and CaiT)."""
+    matcher (``WeightsTarget``: every deepvit_mm backbone)."""
     return [(name + '.' if name else '', m) for name, m in model.named_modules()
             if isinstance(m, WeightsTarget)]
 

@@ -1,5 +1,5 @@
-"""Optimizer constructors for models with a columnar (XCiT, CaiT) backbone: layer-wise learning-rate
-decay, and the opt-in weight-decay exemption of the scales.
+"""Optimizer constructors for models with a columnar backbone (XCiT, CaiT, timm's ViT family):
+layer-wise learning-rate decay, and the opt-in weight-decay exemption of the scales.
 
 Layer-wise decay (ELECTRA, Clark et al., ICLR 2020; BEiT, Bao et al., ICLR 2022; since then the
 usual way to fine-tune a pretrained ViT for detection and segmentation) gives each parameter the
@@ -125,8 +125,9 @@ def _find_backbone(model: nn.Module) -> Tuple[str, ColumnarBackbone]:
         what = 'none' if not found else ', '.join(repr(n) for n, _ in found)
         raise ValueError(
             f'ColumnarLayerDecayOptimizerConstructor needs a model with exactly one columnar '
-            f'backbone (XCiT, CaiT), found {what} in {type(model).__name__}. For other backbones '
-            "use mmseg's/mmdet's LearningRateDecayOptimizerConstructor.")
+            f'backbone (XCiT, CaiT, TimmViT, TimmEVA, TimmBEiT), found {what} in '
+            f"{type(model).__name__}. For other backbones use mmseg's/mmdet's "
+            'LearningRateDecayOptimizerConstructor.')
     return found[0]
 
 

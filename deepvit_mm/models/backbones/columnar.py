@@ -1,9 +1,9 @@
 """What every columnar backbone shares: timm trunk -> taps -> ``ColumnarPyramid`` (``self.adapter``).
 
-A family (XCiT, CaiT) subclasses ``ColumnarBackbone`` and provides only what its paper makes
-different: the architecture table, how to build the timm trunk, how to take the taps, and how to
-convert its official checkpoints' keys. Padding, input checks, freezing, ``norm_eval``,
-``with_cp`` and weight loading live here once.
+A family (XCiT, CaiT, TimmViT, TimmEVA, TimmBEiT) subclasses ``ColumnarBackbone`` and provides only
+what its paper makes different: the architecture table, how to build the timm trunk, how to take the
+taps, and how to convert its official checkpoints' keys. Padding, input checks, freezing,
+``norm_eval``, ``with_cp`` and weight loading live here once.
 """
 import dataclasses
 import difflib

@@ -1,4 +1,4 @@
-"""What the loader asks of a backbone (``deepvit_mm.checkpoints.WeightsTarget``), for XCiT and CaiT.
+"""What the loader asks of a backbone (``deepvit_mm.checkpoints.WeightsTarget``), for every family.
 
 ``ColumnarBackbone`` inherits it: any supported checkpoint layout converted to the backbone's keys,
 what is dropped on purpose or may stay at init, the family's resizing (CaiT's position embedding),

@@ -1,11 +1,11 @@
 """Whether the neck or heads that read a columnar backbone were built for its levels.
 
-A columnar backbone (XCiT, CaiT) feeds every level with ``embed_dim`` channels, where the stock
-mmdet/mmseg configs it is swapped into were written for a ResNet's 256/512/1024/2048 and, for
-some, for three of its four levels. Built with the stock numbers, the neck or head fails deep in
-its forward pass with a convolution's shape error (or a bare ``AssertionError`` for a wrong number
-of levels) that does not say which config key to change. ``check_consumers`` compares what the
-consumers were built for with what the backbone gives before anything runs, and names the keys.
+A columnar backbone (XCiT, CaiT, timm's ViT family) feeds every level with ``embed_dim`` channels,
+where the stock mmdet/mmseg configs it is swapped into were written for a ResNet's 256/512/1024/2048
+and, for some, for three of its four levels. Built with the stock numbers, the neck or head fails
+deep in its forward pass with a convolution's shape error (or a bare ``AssertionError`` for a wrong
+number of levels) that does not say which config key to change. ``check_consumers`` compares what
+the consumers were built for with what the backbone gives before anything runs, and names the keys.
 
 The consumers read are the ones mmdet 3.x and mmseg 1.x models have: ``model.neck`` when there is
 one (any neck with a list ``in_channels``: FPN, PAFPN, ChannelMapper, mmseg's FPN...), otherwise

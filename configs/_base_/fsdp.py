@@ -7,8 +7,9 @@
 #   _base_ = ['../mask_rcnn_xcit_m24_8_3x.py', '../_base_/fsdp.py']
 # On a machine without CUDA the processes run with gloo (torch >= 2.13). docs/training.md.
 runner_type = 'FlexibleRunner'
-# GlobalNormFSDPStrategy: mmengine's FSDPStrategy whose gradient clipping (clip_grad) takes the
-# norm of the whole gradient, not of each process's shard (deepvit_mm.engine.distributed.fsdp).
+# GlobalNormFSDPStrategy: mmengine's FSDPStrategy whose gradient clipping (clip_grad) computes
+# DDP's norm and coefficient, bit for bit, not each process's shard's: a sharded run ends where a
+# DDP run ends (deepvit_mm.engine.distributed.fsdp, docs/training.md).
 strategy = dict(
     type='GlobalNormFSDPStrategy',
     model_wrapper=dict(auto_wrap_policy=dict(type='columnar_block_policy'), use_orig_params=True),

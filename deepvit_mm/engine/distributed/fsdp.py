@@ -31,10 +31,10 @@ gathers a unit's weights only while that unit runs). What this module adds to mm
 
 ``configs/_base_/fsdp.py`` turns a recipe into a sharded run (docs/training.md).
 
-FSDP internals read (torch 2.1 to 2.14, as FSDP's own ``clip_grad_norm_`` reads them): the root's
-``_all_handles``, a handle's ``uses_sharded_strategy``, ``_use_orig_params`` and
-``flat_param._params`` (which parameters are sharded); torch's ``_group_tensors_by_device_and_dtype``
-(the order in which ``clip_grad_norm_`` sums the norms).
+FSDP internals read, as FSDP's own ``clip_grad_norm_`` reads them (tested on torch 2.14): the
+root's ``_all_handles`` and ``compute_device``, a handle's ``uses_sharded_strategy``,
+``_use_orig_params`` and ``flat_param._params`` (which parameters are sharded); torch's
+``_group_tensors_by_device_and_dtype`` (the order in which ``clip_grad_norm_`` sums the norms).
 """
 from typing import List, Optional
 
@@ -103,9 +103,10 @@ class DDPNormClip:
 
     The norm of each parameter's gradient is computed whole, by one process: the one holding all of
     it, or, for a parameter split between processes at a shard's edge, the one holding its largest
-    piece, to which the others send theirs (one ``all_to_all``: at most one piece per process and
-    FSDP unit). The norms travel in an all-reduce where each entry has one non-zero term (exact),
-    and are summed in the optimizer's order, as ``clip_grad_norm_`` sums them. Parameters FSDP
+    piece, to which the others send theirs (one ``all_to_all``: at most the two pieces at the ends
+    of each process's shard of an FSDP unit). The norms travel in an all-reduce where each entry
+    has one non-zero term (exact), and are summed in the optimizer's order, as
+    ``clip_grad_norm_`` sums them. Parameters FSDP
     does not shard (``NO_SHARD`` units, modules FSDP ignores) have their whole gradient on every
     process: the first process computes their norms. Without ``use_orig_params`` the optimizer
     holds FSDP's flat parameters, which DDP has not: FSDP's own ``clip_grad_norm_`` clips then.

@@ -106,10 +106,10 @@ class DDPNormClip:
     piece, to which the others send theirs (one ``all_to_all``: at most the two pieces at the ends
     of each process's shard of an FSDP unit). The norms travel in an all-reduce where each entry
     has one non-zero term (exact), and are summed in the optimizer's order, as
-    ``clip_grad_norm_`` sums them. Parameters FSDP
-    does not shard (``NO_SHARD`` units, modules FSDP ignores) have their whole gradient on every
-    process: the first process computes their norms. Without ``use_orig_params`` the optimizer
-    holds FSDP's flat parameters, which DDP has not: FSDP's own ``clip_grad_norm_`` clips then.
+    ``clip_grad_norm_`` sums them. Parameters FSDP does not shard (``NO_SHARD`` units, modules FSDP
+    ignores) have their whole gradient on every process: the first process computes their norms.
+    Without ``use_orig_params`` the optimizer holds FSDP's flat parameters, which DDP has not:
+    FSDP's own ``clip_grad_norm_`` clips then.
 
     Args:
         fsdp (FullyShardedDataParallel): The root FSDP module.

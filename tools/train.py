@@ -64,8 +64,8 @@ def main():
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     # what exists now (the libraries' modules, the config, the model) lives until the end: frozen,
-    # no collection walks it again (each full one walked ~10^6 objects in ~0.3 s, and so did the
-    # interpreter's exit), and forked data workers share its pages instead of copying them
+    # no collection walks it again (each full one walks all of it, and so did the interpreter's
+    # exit: docs/training.md#tools), and forked data workers share its pages instead of copying them
     gc.freeze()
     if malloc:
         runner.logger.info(allocator_note(malloc))

@@ -5,8 +5,9 @@
 # global attention is cheap there. Any name of timm's vision_transformer / deit, eva and beit
 # modules works the same way with type='TimmViT', 'TimmEVA' or 'TimmBEiT' (docs/backbones.md).
 # A plain ViT from scratch takes a lower lr than the XCiT demo's and no drop path; measured
-# (2-core Intel Xeon VM, AVX-512 + AMX, torch 2.13, float32, 1,100 steps of batch 2, ~0.55 s a
-# step, held-out bbox / segm mAP): the XCiT demo's lr 1.5e-3 with drop path 0.1: 0.024 / 0.028
+# (torch 2.13, float32, 1,100 steps of batch 2, held-out bbox / segm mAP; the run's machine and
+# time: docs/backbones.md#timms-other-columnar-transformers-vit-deit-dinov2-eva-02-beit): the
+# XCiT demo's lr 1.5e-3 with drop path 0.1: 0.024 / 0.028
 # (the loss stayed near 2.4); lr 3e-4 without drop path (this file): 0.316 / 0.319. The XCiT-N12/8
 # demo reaches ~0.62 / 0.56 in the same steps: a stride-16 ViT without convolutions learns these
 # small shapes more slowly.

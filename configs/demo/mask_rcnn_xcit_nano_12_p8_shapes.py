@@ -37,9 +37,10 @@ model = dict(
     rpn_head=dict(in_channels=channels, feat_channels=channels,
                   anchor_generator=dict(ratios=[1.0])),
     roi_head=dict(
-        # 2x2 samples per RoIAlign bin instead of the adaptive count: its CPU backward was ~15 %
-        # of a step; with a fixed count CPUSingleRoIExtractor runs every level's RoIAlign as one
-        # multithreaded gather (equal outputs, 0.098 -> 0.057 s of RoI heads per step here)
+        # 2x2 samples per RoIAlign bin instead of the adaptive count, whose CPU backward took a
+        # large part of a step; with a fixed count CPUSingleRoIExtractor runs every level's
+        # RoIAlign as one multithreaded gather (equal outputs; the RoI heads' time per step before
+        # and after: docs/speed.md#the-detection-demos-training-step)
         bbox_roi_extractor=dict(type='CPUSingleRoIExtractor', out_channels=channels,
                                 roi_layer=dict(sampling_ratio=2)),
         # GIoU loss on the decoded boxes (mmdet's faster-rcnn_r50_fpn_giou_1x_coco.py): +0.03

@@ -120,7 +120,8 @@ class FastestStepHook(Hook):
         configured = 'bfloat16' if wrapper.autocast else 'float32'
         if configured not in {p for p, _ in self._candidates}:
             # bfloat16 configured on a CPU that emulates it: the warm-up iterations run in a
-            # setting that is tried instead (emulated, a demo step took ~6x as long)
+            # setting that is tried instead (emulated bfloat16 is far slower than float32:
+            # docs/training.md#mixed-precision)
             warm = max((c for c in self._candidates if c[0] == 'float32'), key=lambda c: c[1])
             self._apply(wrapper, warm)
             print_log(f'FastestStepHook: {configured} is emulated on this CPU; the warm-up '

@@ -114,8 +114,9 @@ def blocks_compile_problem() -> Optional[str]:
             if getattr(dynamo_config, 'inline_inbuilt_nn_modules', False):
                 return None
     return (f'torch {torch.__version__} compiles each block\'s copy of a part as a graph of its '
-            'own (torch 2.1.0, XCiT-N12/8\'s 8 blocks: 16 compilations and 54 s before the first '
-            'step, against 2 and 21 s with torch 2.13.0, whose dynamo inlines the modules). Leave '
+            'own (torch 2.1.0, XCiT-N12/8\'s 8 blocks: 16 compilations before the first step, '
+            'against 2 with torch 2.13.0, whose dynamo inlines the modules; the time it takes: '
+            'docs/training.md#compiling-the-backbone). Leave '
             'compile_blocks off here, or use a torch with nn.Module.compile and '
             'torch._dynamo.config.inline_inbuilt_nn_modules (torch 2.13.0 is tested).')
 
@@ -125,7 +126,7 @@ def inductor_cache_problem() -> Optional[str]:
     ``torch.compile``'s kernels go to inductor's shared cache (``TORCHINDUCTOR_CACHE_DIR`` unset),
     else what goes wrong and what to set: the cache's keys do not tell the instruction sets apart,
     so a kernel compiled under another setting is loaded as it is (torch 2.13.0: a compiled timm
-    MLP's outputs 69 % off under ``avx2`` with kernels compiled for AVX-512, and a crashed process
+    MLP's outputs wrong under ``avx2`` with kernels compiled for AVX-512, and a crashed process
     the other way round; docs/training.md#compiling-the-backbone)."""
     isa = os.environ.get('ATEN_CPU_CAPABILITY', '')
     if not isa or isa == 'default' or os.environ.get('TORCHINDUCTOR_CACHE_DIR'):

@@ -199,7 +199,8 @@ class CaiT(ColumnarBackbone):
     def _compiled_modules(self) -> List[nn.Module]:
         # the MLPs only: the attention's loop over query chunks runs as many times as the token
         # count asks, and dynamo unrolls it into a graph per count (Mask R-CNN 3x sizes,
-        # XXS24's first 4 blocks, aot_eager: 5 graphs for 4 sizes, 24-62 s each on 2 cores)
+        # XXS24's first 4 blocks, aot_eager: 5 graphs for 4 sizes;
+        # docs/training.md#compiling-the-backbone)
         return [blk.mlp for blk in self.trunk.blocks]
 
     def _build_trunk(self, args: ColumnarArgs) -> nn.Module:

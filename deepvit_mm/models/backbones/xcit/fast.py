@@ -223,10 +223,10 @@ def xca_block_forward_auto(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> t
 def xca_block_forward_auto_compiled(blk: nn.Module, x: torch.Tensor, H: int,
                                     W: int) -> torch.Tensor:
     """The 'auto' rule where the blocks' attention and MLP are compiled (``compile_blocks``): on
-    a CPU as in eager (XCiT-N12/8, 2 x 256 x 256 training step on 2 cores, AVX2 kernels: 0.265 s
-    this way against 0.305 s through timm's forward with its attention compiled); elsewhere
-    timm's ``XCABlock.forward``, whose attention is then compiled too (H100, S12/8 fp16 training
-    step compiled: timm's forward 56.8 ms against the faster forward's 64.4; docs/speed.md)."""
+    a CPU as in eager, where the faster forward with the MLP compiled beats timm's forward with
+    its attention compiled (docs/training.md#compiling-the-backbone); elsewhere timm's
+    ``XCABlock.forward``, whose attention is then compiled too, which compiled is the faster of
+    the two on a GPU (docs/speed.md#what-does-compiling-give-on-a-gpu)."""
     if x.device.type == 'cpu':
         return xca_block_forward_auto(blk, x, H, W)
     return type(blk).forward(blk, x, H, W)

@@ -36,8 +36,9 @@ PYTHON = ('3.10', '3.14')
 
 # What `import deepvit_mm` accepts: from the oldest tested release up to and including the patch
 # releases of the newest tested minor (TESTED and ALSO_TESTED; lower inclusive, upper exclusive).
-# Releases in between the two stacks take the code paths of one of them (deepvit_mm/compat/torch.py
-# picks by feature, not by version); what is known to break in between is checked by deepvit_mm/_deps.py.
+# Releases in between the two stacks take the code paths of one of them (each part picks by
+# feature, not by version, except FEATURE_FLOORS below); what is known to break in between is
+# checked by deepvit_mm/_deps.py.
 SUPPORTED = {
     'torch': ('2.1.0', '2.16.0'),
     'torchvision': ('0.16.0', '0.30.0'),

@@ -56,7 +56,7 @@ __all__ = ['columnar_block_policy', 'GlobalNormFSDPStrategy', 'DDPNormClip',
 
 
 def columnar_block_policy(module: nn.Module, recurse: bool, nonwrapped_numel: int = 0) -> bool:
-    """FSDP auto-wrap policy: one unit per trunk block of the XCiT and CaiT backbones.
+    """FSDP auto-wrap policy: one unit per trunk block of every deepvit_mm backbone.
 
     Args:
         module (nn.Module): The module FSDP asks about.

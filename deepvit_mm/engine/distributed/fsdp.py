@@ -5,7 +5,7 @@ Under DDP every process holds the whole model state: weights, gradients and Adam
 gathers a unit's weights only while that unit runs). What this module adds to mmengine's:
 
 * ``columnar_block_policy`` (registered in mmengine's ``FUNCTIONS``): the auto-wrap policy that
-  makes every trunk block of an XCiT or CaiT backbone one FSDP unit (the families' ``block_type``);
+  makes every trunk block of a deepvit_mm backbone one FSDP unit (the families' ``block_type``);
   the rest of the detector or segmentor (patch embedding, ``ColumnarPyramid``, neck, heads) is the
   root unit.
 * ``GlobalNormFSDPStrategy`` (registered in ``STRATEGIES``): mmengine's ``FSDPStrategy`` whose

@@ -14,22 +14,39 @@ DEMO_DIR := work_dirs/demo
 setup:
 	STACK=$(STACK) PYTHON=$(PYTHON) bash tools/setup_env.sh
 
-# Generate the embedded demo data, train an XCiT Mask R-CNN on it, evaluate COCO bbox/segm mAP on
-# the held-out split, draw its predictions into $(DEMO_DIR)/<timestamp>/vis and say where.
+# Generate the embedded demo data, train an XCiT Mask R-CNN on it (evaluating the held-out split
+# after every DEMO_VAL iterations, logged at that iteration: the mAP curve), evaluate COCO bbox/segm
+# mAP on the held-out split, draw its predictions into $(DEMO_DIR)/<timestamp>/vis, the feature
+# maps of DEMO_FEATMAP_IMAGES held-out images into featmaps/ and the training curves into
+# curves.png beside it (docs/visualization.md), and say where.
 # OpenMP's own wait policy: its threads spin a while between parallel regions. With
 # OMP_WAIT_POLICY=PASSIVE (they sleep at once) each of a step's thousands of parallel regions waits
 # for a thread to wake, and the demo's 2-thread step took 0.92-1.02 s instead of 0.79-0.83 s on a
 # 2-core AMD EPYC (docs/training.md#threads-and-openmps-wait-policy). Where another job takes the
 # cores, spinning threads are slower (2.6 s against 1.2 s sleeping), and the demo config's
 # FastestStepHook then trains on 1 thread (1.1 s), which spins not at all.
+# DEMO_VAL: iterations between the held-out evaluations during training (the mAP curve's points;
+# docs/visualization.md#what-make-demo-writes has their cost); DEMO_FEATMAP_IMAGES: the held-out
+# images whose feature maps are drawn.
+DEMO_VAL := 275
+DEMO_FEATMAP_IMAGES := 3
 demo: setup
 	$(PY) tools/make_demo_data.py data/shapes
-	$(PY) tools/train.py $(DEMO_CFG) --work-dir $(DEMO_DIR)
+	$(PY) tools/train.py $(DEMO_CFG) --work-dir $(DEMO_DIR) --cfg-options \
+	    train_cfg.val_interval=$(DEMO_VAL) train_cfg.val_begin=$(DEMO_VAL) \
+	    default_hooks.logger.log_metric_by_epoch=False
 	$(PY) tools/test.py $(DEMO_CFG) $$(cat $(DEMO_DIR)/last_checkpoint) --work-dir $(DEMO_DIR) --show-dir vis
-	@$(PY) -c "import glob, json, os; d = max(glob.glob('$(DEMO_DIR)/*/vis'), key=os.path.getmtime)[:-4]; \
+	@d=$$(ls -td $(DEMO_DIR)/*/vis | head -1) && d=$${d%/vis} && \
+	$(PY) tools/analysis/featmap_vis.py $$(ls data/shapes/val/*.png | head -$(DEMO_FEATMAP_IMAGES)) \
+	    $(DEMO_CFG) $$(cat $(DEMO_DIR)/last_checkpoint) --target-layers backbone neck \
+	    --channel-reduction squeeze_mean --out-dir $$d/featmaps && \
+	$(PY) tools/analysis/plot_curves.py $(DEMO_DIR) --out $$d/curves.png \
+	    --title "make demo: $(notdir $(DEMO_CFG))" && \
+	$(PY) -c "import json, os, sys; d = sys.argv[1]; \
 	m = json.load(open(os.path.join(d, os.path.basename(d) + '.json'))); \
-	print('Demo: held-out bbox mAP %.2f, segm mAP %.2f; predictions drawn in %s/vis/' \
-	      % (m['coco/bbox_mAP'], m['coco/segm_mAP'], d))"
+	print('Demo: held-out bbox mAP %.2f, segm mAP %.2f; predictions drawn in %s/vis/, feature maps ' \
+	      'in %s/featmaps/, training curves in %s/curves.png' \
+	      % (m['coco/bbox_mAP'], m['coco/segm_mAP'], d, d, d))" $$d
 
 lint: setup
 	$(PY) -m ruff check deepvit_mm deepvit_tools tools tests configs demo

@@ -371,3 +371,26 @@ def test_visualize_featmaps_refuses_before_building_the_model(tmp_path):
     with pytest.raises(VisualizationError, match=r'--alpha 2: give a weight in \[0, 1\]'):
         visualize_featmaps(str(tmp_path), DEMO_DET, 'x.pth', str(tmp_path / 'o'), alpha=2)
     assert not (tmp_path / 'o').exists()
+
+
+def test_tool_on_a_segmentor_and_its_preview(tmp_path, tool):
+    """mmseg's demo config through the tool (its SegLocalVisualizer, its test pipeline without
+    annotations): the backbone's and the FPN's pictures and arrays at the image's size;
+    ``--preview-model`` prints the modules and writes nothing."""
+    from deepvit_mm.apis import build_from_config
+    model, _ = build_from_config(DEMO_SEG)
+    torch.save({'state_dict': model.state_dict()}, str(tmp_path / 'seg.pth'))
+    img = np.random.RandomState(1).randint(0, 255, (48, 80, 3)).astype(np.uint8)
+    cv2.imwrite(str(tmp_path / 'scene.jpg'), img)
+    args = (tmp_path / 'scene.jpg', DEMO_SEG, tmp_path / 'seg.pth', '--target-layers', 'backbone',
+            'neck', '--device', 'cpu', '--out-dir', tmp_path / 'out', '--cfg-options',
+            'test_dataloader.dataset.pipeline.1.scale=(1024,96)')
+    run = tool(*args, '--preview-model', cwd=tmp_path)
+    assert run.returncode == 0 and '(backbone): XCiT(' in run.stdout and '(neck): FPN(' in run.stdout
+    assert not (tmp_path / 'out').exists()
+    run = tool(*args, '--save-arrays', cwd=tmp_path)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    for layer in ('backbone', 'neck'):
+        assert (tmp_path / 'out' / f'scene_{layer}_0.png').is_file()
+        arrays = np.load(tmp_path / 'out' / f'scene_{layer}_0.npz')
+        assert {a.shape for k, a in arrays.items() if not k.endswith('_channels')} == {(48, 80)}

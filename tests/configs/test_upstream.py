@@ -107,13 +107,12 @@ def test_docs_examples_load_through_the_libraries_own_tools(tmp_path, page, libr
     through this project's tools' reader; each names our backbone. Each starts a process that
     imports mmdet or mmseg (~10 s of CPU)."""
     import subprocess
-
-    from conftest import ROOT
     cfg = tmp_path / 'mine.py'
     cfg.write_text(text)
     tool = os.path.join(os.path.dirname(stock_config(f'{library}::x')), '..', 'tools', 'misc',
                         'print_config.py')
-    run = subprocess.run([sys.executable, os.path.normpath(tool), str(cfg)], cwd=ROOT,
+    # in tmp_path: mmseg's print_config.py writes example.py where it runs
+    run = subprocess.run([sys.executable, os.path.normpath(tool), str(cfg)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, PYTHONWARNINGS='ignore'))
     assert run.returncode == 0, run.stderr[-3000:]

@@ -1,6 +1,5 @@
 """Evaluate a checkpoint with an mmdet or mmseg config (told apart by its default_scope)."""
 import argparse
-import gc
 import os
 import sys
 
@@ -14,6 +13,7 @@ from deepvit_mm.apis import (  # noqa: E402
     VIS_BACKENDS,
     enable_tta,
     enable_visualization,
+    objects_frozen,
     prepare_config,
     set_test_out,
     set_vis_backends,
@@ -75,10 +75,11 @@ def main():
     if args.tta:
         enable_tta(cfg)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
-    gc.freeze()  # as tools/train.py: what exists now is never walked by a collection again
     if malloc:
         runner.logger.info(allocator_note(malloc))
-    with require_complete_model():  # a backbone-only checkpoint would evaluate to mAP 0
+    # as tools/train.py: what exists now is never walked by a collection again while testing;
+    # a backbone-only checkpoint would evaluate to mAP 0
+    with objects_frozen(), require_complete_model():
         runner.test()
 
 

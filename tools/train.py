@@ -1,6 +1,5 @@
 """Train a detector or segmentor (mmdet or mmseg config, told apart by its default_scope)."""
 import argparse
-import gc
 import os
 import sys
 
@@ -10,7 +9,12 @@ from mmengine.config import DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from deepvit_mm.apis import VIS_BACKENDS, prepare_config, set_vis_backends  # noqa: E402
+from deepvit_mm.apis import (  # noqa: E402
+    VIS_BACKENDS,
+    objects_frozen,
+    prepare_config,
+    set_vis_backends,
+)
 from deepvit_mm.engine import (  # noqa: E402
     CheckpointWriteError,
     allocator_note,
@@ -63,20 +67,19 @@ def main():
     precision_note = fit_precision_to_device(cfg)  # float16 recipes on a machine without a GPU
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
-    # what exists now (the libraries' modules, the config, the model) lives until the end: frozen,
-    # no collection walks it again (each full one walks all of it, and so did the interpreter's
-    # exit: docs/training.md#tools), and forked data workers share its pages instead of copying them
-    gc.freeze()
     if malloc:
         runner.logger.info(allocator_note(malloc))
     if precision_note:
         runner.logger.warning(precision_note)
-    try:
-        runner.train()
-    except CheckpointWriteError as e:  # one message, in the log too; no traceback
-        from mmengine.logging import print_log
-        print_log(str(e), logger='current', level=40)
-        sys.exit(str(e))
+    # what exists now (the libraries' modules, the config, the model) lives until the end: no
+    # collection walks it again while training
+    with objects_frozen():
+        try:
+            runner.train()
+        except CheckpointWriteError as e:  # one message, in the log too; no traceback
+            from mmengine.logging import print_log
+            print_log(str(e), logger='current', level=40)
+            sys.exit(str(e))
 
 
 if __name__ == '__main__':

@@ -1,6 +1,6 @@
 """What the tools, the demo and the inferencers call: reading a config, building its model and
-applying the tools' flags to it (``config``); the model zoo by name and mmdet's or mmseg's
-inferencer (``inference``)."""
+applying the tools' flags to it (``config``); what they do around the run (``runs``); the model
+zoo by name and mmdet's or mmseg's inferencer (``inference``)."""
 from .config import (
     TTA_SCALE_RATIOS,
     VIS_BACKENDS,
@@ -19,9 +19,10 @@ from .config import (
     vis_backend_types,
 )
 from .inference import PALETTES, build_inferencer, model_index, resolve_model, run_inferencer
+from .runs import objects_frozen
 
 __all__ = ['prepare_config', 'task_of', 'task_registry', 'read_config', 'load_config',
            'build_from_config', 'num_classes_of', 'enable_visualization', 'VIS_BACKENDS',
            'vis_backend_types', 'set_vis_backends', 'TTA_SCALE_RATIOS', 'enable_tta',
            'enable_auto_scale_lr', 'set_test_out', 'model_index', 'resolve_model', 'PALETTES',
-           'build_inferencer', 'run_inferencer']
+           'build_inferencer', 'run_inferencer', 'objects_frozen']

@@ -133,7 +133,9 @@ setup(
         # tests/tools/test_zoo.py runs mim and checks the FLOPs against fvcore's count;
         # tools/train.py and tools/test.py --vis-backend tensorboard; pytest-xdist: `make test`
         # runs the test files on 2 processes
-        'tests': ['pytest', 'pytest-xdist', 'ruff', 'openmim', 'opendatalab<0.0.10', 'fvcore', 'tensorboard'],
+        # seaborn: mmdet's and mmseg's analyze_logs.py import it (tests/visualization/test_curves.py)
+        'tests': ['pytest', 'pytest-xdist', 'ruff', 'openmim', 'opendatalab<0.0.10', 'fvcore', 'tensorboard',
+                  'seaborn'],
     },
     license='Apache-2.0',
 )

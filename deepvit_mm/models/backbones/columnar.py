@@ -50,7 +50,7 @@ from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 from .timm_releases import drop_pruned_classifier_parameters
 from .weights import ColumnarWeights
 
-__all__ = ['ColumnarBackbone', 'ColumnarArgs', 'ArchSpec', 'FeatureLevels', 'paper_taps']
+__all__ = ['ColumnarBackbone', 'ColumnarArgs', 'ArchSpec', 'FeatureLevels', 'even_taps', 'paper_taps']
 
 
 class FeatureLevels(NamedTuple):
@@ -65,6 +65,12 @@ class FeatureLevels(NamedTuple):
     channels: List[int]
     strides: Tuple[int, ...]
     out_indices: Tuple[int, ...]
+
+
+def even_taps(depth: int) -> Tuple[int, ...]:
+    """The papers' four taps of a ``depth``-block trunk, every family's default: the 0-based blocks
+    at 1/3, 1/2, 2/3 and the end ((3, 5, 7, 11) for 12 blocks, (7, 11, 15, 23) for 24)."""
+    return tuple(depth * num // den - 1 for num, den in ((1, 3), (1, 2), (2, 3), (1, 1)))
 
 
 def paper_taps(name: str, taps: Sequence[int], out_strides: Sequence[int]) -> Tuple[int, ...]:

@@ -46,7 +46,7 @@ from timm.models.cait import Cait, LayerScaleBlock, checkpoint_filter_fn
 from ....registry import register_model
 from ....tracing import capturing_for_other_sizes
 from ..arch_table import ArchTable
-from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks
+from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
 from ..windows import check_windows, forward_grid
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 
@@ -54,11 +54,6 @@ __all__ = ['CaiT']
 
 # Resampled position embeddings kept per model for inference (one per input grid seen).
 _POS_CACHE_SIZE = 8
-
-
-def even_taps(depth: int) -> Tuple[int, ...]:
-    """0-based blocks at 1/3, 1/2, 2/3 and the end of a ``depth``-block trunk."""
-    return tuple(depth * num // den - 1 for num, den in ((1, 3), (1, 2), (2, 3), (1, 1)))
 
 
 # The paper's settings of each arch (Tables 3 and 4): stochastic depth (uniform over blocks) and

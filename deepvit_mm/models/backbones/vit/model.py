@@ -41,8 +41,7 @@ from timm.models import beit, eva, vision_transformer
 
 from ....registry import register_model
 from ..arch_table import ArchTable
-from ..cait.model import even_taps
-from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks
+from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
 from ..timm_releases import create_model
 from ..windows import check_windows, forward_grid
 from .window_attention import use_windows

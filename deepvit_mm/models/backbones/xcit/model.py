@@ -19,7 +19,7 @@ from timm.models.xcit import checkpoint_filter_fn
 
 from ....registry import register_model
 from ..arch_table import ArchTable
-from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks
+from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
 from .fast import xca_block_forward, xca_block_forward_auto, xca_block_forward_auto_compiled
 from .qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
 
@@ -43,7 +43,7 @@ _XCIT_SETTINGS = {
 def _xcit_settings(name: str, read: Dict[str, Any]) -> Dict[str, Any]:
     drop_path_rate, eta = _XCIT_SETTINGS[name]
     return dict(drop_path_rate=drop_path_rate, eta=eta,
-                out_indices=(3, 5, 7, 11) if read['depth'] == 12 else (7, 11, 15, 23))
+                out_indices=even_taps(read['depth']))
 
 
 @register_model

@@ -14,7 +14,8 @@ Two things stop mmcv 2.1.0's ``setup.py`` as released:
 """
 import argparse
 import sys
-from typing import Tuple
+
+from packaging.version import Version
 
 GET_VERSION = ("        exec(compile(f.read(), version_file, 'exec'))\n"
                "    return locals()['__version__']")
@@ -22,13 +23,12 @@ GET_VERSION_MENDED = ("        ns = {}\n"
                       "        exec(compile(f.read(), version_file, 'exec'), ns)\n"
                       "    return ns['__version__']")
 #: the first torch whose headers need C++20
-CXX20_TORCH = (2, 14)
+CXX20_TORCH = Version('2.14')
 
 
-def torch_release(version: str) -> Tuple[int, int]:
-    """``'2.14.1+cu130'`` -> ``(2, 14)``."""
-    major, minor = version.split('+')[0].split('.')[:2]
-    return int(major), int(minor)
+def needs_cxx20(torch_version: str) -> bool:
+    """Whether torch ``torch_version`` (``'2.14.1+cu130'``, ``'2.16.0.dev20270101'``) needs C++20."""
+    return Version(Version(torch_version).base_version) >= CXX20_TORCH
 
 
 def mend(text: str, torch_version: str) -> str:
@@ -41,7 +41,7 @@ def mend(text: str, torch_version: str) -> str:
         raise ValueError("mmcv's get_version is not the one this script mends: is this mmcv "
                          "2.1.0's setup.py?")
     text = text.replace(GET_VERSION, GET_VERSION_MENDED)
-    if torch_release(torch_version) >= CXX20_TORCH:
+    if needs_cxx20(torch_version):
         if "'-std=c++17'" not in text and "'-std=c++20'" not in text:
             raise ValueError(f'no -std=c++17 to raise to C++20 for torch {torch_version}: is this '
                              "mmcv 2.1.0's setup.py?")

@@ -244,7 +244,7 @@ def test_torch_headers_take_the_standard_the_mend_gives():
     Two compiles of ATen.h, ~15 s of CPU."""
     from torch.utils.cpp_extension import include_paths
     mmcv_build = _mmcv_build()
-    cxx20 = mmcv_build.torch_release(torch.__version__) >= mmcv_build.CXX20_TORCH
+    cxx20 = mmcv_build.needs_cxx20(torch.__version__)
     flags = [f'-I{p}' for p in include_paths()]
 
     def compiles(std):

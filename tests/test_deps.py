@@ -235,10 +235,10 @@ REACHES_INTO_LIBRARIES = {
     'checkpoints/reading.py': ['HistoryBuffer._statistics_methods'],
     'checkpoints/unpickling.py': ['from torch import _weights_only_unpickler',
                                   'wou._get_allowed_globals'],
-    'compat/mmengine.py': ['from mmengine._strategy import FSDPStrategy'],
     'config_package.py': ['mm_config.get_installed_path = ...', 'mm_config.is_installed = ...',
                           'mm_hub.get_installed_path = ...', 'mm_hub.install_package = ...'],
     'engine/distributed/fsdp.py': [
+        'from mmengine._strategy import FSDPStrategy',
         'from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype',
         'torch._foreach_norm'],
     'engine/optimizers/optim_wrapper_constructors.py': [

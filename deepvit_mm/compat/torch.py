@@ -1,5 +1,4 @@
-"""What differs between the torch releases deepvit_mm supports that more than one part of it meets,
-and whether sharded training runs on CPU with this torch.
+"""What differs between the torch releases deepvit_mm supports that more than one part of it meets.
 
 Tested at both ends (``deepvit_mm.version.TESTED``): torch 2.1.0, the release OpenMMLab's mmcv
 2.1.0 wheels for torch 2.1 are built against, and the newest stack's torch. The autocast queries
@@ -13,17 +12,12 @@ between has and fails with goes by release (``TORCH_VERSION`` against
 * ``autocast_enabled`` / ``autocast_dtype``: ``torch.is_autocast_enabled(device_type)`` and
   ``torch.get_autocast_dtype`` (2.4+); torch 2.1 has the CUDA-only argument-less forms and
   ``is_autocast_cpu_enabled`` / ``get_autocast_cpu_dtype``. Asked by the backbones and by mixed
-  precision on CPU (the engine).
-* ``cpu_fsdp_problem``: FullyShardedDataParallel on CPU processes (gloo) runs on the newest stack's
-  torch and fails on 2.1 (by release, ``version.FEATURE_FLOORS``).
-"""
-from typing import Optional
-
+  precision on CPU (the engine)."""
 import torch
 
-from ..version import FEATURE_FLOORS, release
+from ..version import release
 
-__all__ = ['TORCH_VERSION', 'autocast_enabled', 'autocast_dtype', 'cpu_fsdp_problem']
+__all__ = ['TORCH_VERSION', 'autocast_enabled', 'autocast_dtype']
 
 
 #: the running torch's release number, ``(2, 13, 0)`` for ``2.13.0+cpu`` and ``2.13.0rc1`` alike:
@@ -64,14 +58,3 @@ def autocast_dtype(device_type: str) -> torch.dtype:
     if device_type == 'cpu':
         return torch.get_autocast_cpu_dtype()
     return torch.get_autocast_gpu_dtype()
-
-
-def cpu_fsdp_problem() -> Optional[str]:
-    """None if FullyShardedDataParallel runs on CPU processes with this torch
-    (``FEATURE_FLOORS['sharded training on CPU']``), else why not and what to do instead."""
-    _, lowest, known = FEATURE_FLOORS['sharded training on CPU']
-    if TORCH_VERSION >= release(lowest).release:
-        return None
-    return (f'sharded training (FSDPStrategy) on CPU is tested with torch {lowest}; '
-            f'{known}. Train with DDP there (tools/dist_train.sh without the FSDP config), or '
-            f'with torch >= {lowest}; on GPUs FSDP is mmengine\'s own.')

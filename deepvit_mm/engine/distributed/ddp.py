@@ -33,9 +33,21 @@ from mmengine.logging import print_log
 from mmengine.model import MMDistributedDataParallel, revert_sync_batchnorm
 from mmengine.registry import MODEL_WRAPPERS
 
-from ...compat.torch import cpu_fsdp_problem
+from ...compat.torch import TORCH_VERSION
+from ...version import FEATURE_FLOORS, release
 
-__all__ = ['CPUDistributedDataParallel', 'setup_cpu_distributed']
+__all__ = ['CPUDistributedDataParallel', 'setup_cpu_distributed', 'cpu_fsdp_problem']
+
+
+def cpu_fsdp_problem() -> Optional[str]:
+    """None if FullyShardedDataParallel runs on CPU processes with this torch
+    (``FEATURE_FLOORS['sharded training on CPU']``), else why not and what to do instead."""
+    _, lowest, known = FEATURE_FLOORS['sharded training on CPU']
+    if TORCH_VERSION >= release(lowest).release:
+        return None
+    return (f'sharded training (FSDPStrategy) on CPU is tested with torch {lowest}; '
+            f'{known}. Train with DDP there (tools/dist_train.sh without the FSDP config), or '
+            f'with torch >= {lowest}; on GPUs FSDP is mmengine\'s own.')
 
 
 @MODEL_WRAPPERS.register_module()

@@ -41,13 +41,13 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from mmengine._strategy import FSDPStrategy  # exported from this private module only (0.10.x)
 from mmengine.model.wrappers import MMFullyShardedDataParallel
 from mmengine.optim import OptimWrapper, OptimWrapperDict
 from mmengine.registry import FUNCTIONS, MODEL_WRAPPERS, STRATEGIES
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
-from ...compat.mmengine import FSDPStrategy
 from ...models.backbones.columnar import ColumnarBackbone
 from .ddp import without_sync_batchnorm
 

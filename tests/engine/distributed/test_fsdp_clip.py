@@ -13,8 +13,7 @@ import torch.nn as nn
 from mmengine.optim import OptimWrapper
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from deepvit_mm.compat.torch import cpu_fsdp_problem
-from deepvit_mm.engine.distributed import DDPNormClip
+from deepvit_mm.engine.distributed import DDPNormClip, cpu_fsdp_problem
 
 WORLD, TRIALS = 3, 8
 

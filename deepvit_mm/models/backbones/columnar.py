@@ -104,8 +104,10 @@ def paper_taps(name: str, taps: Sequence[int], out_strides: Sequence[int]) -> Tu
 class ColumnarArgs:
     """A backbone's arguments, checked, and what they fix (``ColumnarBackbone.parse_args``): the
     trunk, the taps and the pyramid are built from it, and the backbone's attributes (``arch``,
-    ``out_indices``, ``pad_to``, ...) read it. ``family`` holds the family's own arguments
-    (XCiT's ``qkv_cfg``, the windows of CaiT and ViT), checked by the family's ``parse_args``."""
+    ``out_indices``, ``pad_to``, ...) read it. ``family`` holds the family's own arguments,
+    checked by the family's ``parse_args``: a frozen dataclass of the family's (XCiT's
+    ``XCiTArgs``, ViT's ``windows.WindowArgs``, CaiT's ``CaiTArgs``), None for a family without
+    any."""
     arch: str  # a key of the family's arch_zoo
     spec: ArchSpec
     out_indices: Tuple[int, ...]
@@ -120,7 +122,7 @@ class ColumnarArgs:
     pad_input: bool
     trunk_kwargs: Dict[str, Any]
     compile_blocks: Optional[Dict[str, Any]] = None
-    family: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    family: Any = None
 
     @property
     def tap_stride(self) -> int:
@@ -138,9 +140,14 @@ class ColumnarArgs:
         """The blocks the trunk keeps: those up to the last tap."""
         return max(self.out_indices) + 1
 
-    def with_family(self, **family) -> 'ColumnarArgs':
-        """These arguments with the family's own added."""
-        return dataclasses.replace(self, family={**self.family, **family})
+    def with_family(self, family: Any = None, **kwargs: Any) -> 'ColumnarArgs':
+        """These arguments with the family's own: its dataclass (``family``), or keywords, kept
+        as a dict (a family of one's own may keep its few arguments so, docs/backbones.md)."""
+        if kwargs:
+            if family is not None:
+                raise TypeError('with_family takes the family\'s dataclass or keywords, not both')
+            family = {**(self.family or {}), **kwargs}
+        return dataclasses.replace(self, family=family)
 
 
 def _pretrained_init_cfg(name: str, pretrained: Optional[str],

@@ -13,13 +13,14 @@ reads the grid from its input's shape, cuts it into windows with timm's ``window
 ``window_unpartition`` (SAM's ViTDet helpers) and runs timm's own attention on them: the attention
 math is never copied, and the parameters and state-dict keys are timm's.
 """
+import dataclasses
 from typing import Callable, Iterable, Iterator, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 from timm.models.vision_transformer_sam import window_partition, window_unpartition
 
-__all__ = ['GridAttention', 'attend_in_windows', 'check_windows', 'forward_grid']
+__all__ = ['GridAttention', 'WindowArgs', 'attend_in_windows', 'check_windows', 'forward_grid']
 
 
 def attend_in_windows(attend: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
@@ -115,3 +116,21 @@ def check_windows(name: str, arch: str, window_size, global_blocks, kept_blocks:
                          f'increasing 0-based block indices in [0, {kept_blocks - 1}] (the '
                          f'default is {tuple(default)}).')
     return window_size, idx
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowArgs:
+    """The windows of a backbone, checked (``check_windows``): a windowed family's own arguments
+    (``ColumnarArgs.family``), or the first of them.
+
+    Attributes:
+        window_size (int): 0 (global attention) or the side of the windows, in patches.
+        global_blocks (tuple[int]): The 0-based blocks with global attention (every block
+            without windows).
+    """
+    window_size: int
+    global_blocks: Tuple[int, ...]
+
+    def window_of(self, block: int) -> int:
+        """The window side of the 0-based ``block``: 0 where it attends globally."""
+        return 0 if block in self.global_blocks else self.window_size

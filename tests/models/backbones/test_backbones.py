@@ -585,7 +585,8 @@ def test_arguments_are_checked_into_one_frozen_description_before_building():
     args = XCiT.parse_args('xcit_nano_12_p16_224', out_strides=(8, 16, 32), qkv_cfg=dict(type='SNE'))
     assert isinstance(args, ColumnarArgs) and args.arch == 'nano_12_p16'
     assert (args.out_indices, args.kept_blocks, args.pad_to) == ((5, 7, 11), 12, 32)
-    assert args.family == {'qkv_cfg': dict(type='SNE')}
+    from deepvit_mm.models.backbones.xcit.model import XCiTArgs
+    assert args.family == XCiTArgs(qkv_cfg=dict(type='SNE'))
     with pytest.raises(dataclasses.FrozenInstanceError):
         args.arch = 'tiny_12_p16'
     with pytest.raises(ValueError, match=r'frozen_stages=13 must be'):
@@ -604,6 +605,46 @@ def test_arguments_are_checked_into_one_frozen_description_before_building():
                         for node in ast.walk(st) if isinstance(node, (ast.Assign, ast.AnnAssign))
                         for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))]
         assert not early, (fam.__name__, early)
+
+
+# the families' own arguments, each built with its non-default value (every family with
+# arguments of its own is named here: test_own_arguments_are_named)
+OWN_ARGUMENTS = {
+    'XCiT': dict(qkv_cfg=dict(type='SNE')),
+    'CaiT': dict(window_size=2, global_blocks=(0, 3), img_size=96),
+    'TimmViT': dict(window_size=2, global_blocks=(1,)),
+}
+
+
+@pytest.mark.parametrize('family', sorted(FAMILIES))
+def test_own_arguments_are_a_typed_frozen_dataclass(family):
+    """A family's own arguments are fields of a frozen dataclass (``ColumnarArgs.family``), read
+    as attributes; one without any has None: no string-keyed dict."""
+    import dataclasses
+    fam = FAMILIES[family]
+    arch = family_archs(fam)[0]
+    own = OWN_ARGUMENTS.get(family, {})
+    args = fam.parse_args(arch, **own)
+    if not own:
+        assert args.family is None
+        return
+    assert dataclasses.is_dataclass(args.family) and not isinstance(args.family, dict)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(args.family, dataclasses.fields(args.family)[0].name, None)
+    fields = {f.name: getattr(args.family, f.name) for f in dataclasses.fields(args.family)}
+    for key, value in own.items():
+        assert fields[key] == (tuple(value) if isinstance(value, tuple) else value), key
+
+
+def test_own_arguments_are_named():
+    """Every family whose constructor takes keywords of its own is in OWN_ARGUMENTS."""
+    import inspect
+    base = set(inspect.signature(ColumnarBackbone.parse_args).parameters)
+    for name, fam in FAMILIES.items():
+        own = {p for c in fam.__mro__ if 'parse_args' in vars(c)
+               for p, par in inspect.signature(c.parse_args).parameters.items()
+               if par.kind is not par.VAR_KEYWORD} - base
+        assert own == set(OWN_ARGUMENTS.get(name, {})), name
 
 
 def test_the_docs_family_example_builds_and_runs(monkeypatch):

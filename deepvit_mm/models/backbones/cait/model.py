@@ -29,6 +29,7 @@ What dense prediction adds to timm's model, and why it is written here:
 * **Query chunks** (``query_chunks``): the talking-heads attention without its ``heads x N x N``
   maps (``window_attention.talking_heads_chunked``).
 """
+import dataclasses
 import logging
 import math
 import re
@@ -47,10 +48,10 @@ from ....registry import register_model
 from ....tracing import capturing_for_other_sizes
 from ..arch_table import ArchTable
 from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
-from ..windows import check_windows, forward_grid
+from ..windows import WindowArgs, check_windows, forward_grid
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 
-__all__ = ['CaiT']
+__all__ = ['CaiT', 'CaiTArgs']
 
 # Resampled position embeddings kept per model for inference (one per input grid seen).
 _POS_CACHE_SIZE = 8
@@ -80,6 +81,13 @@ def _cait_settings(name: str, read: Dict[str, Any]) -> Dict[str, Any]:
                                  num_heads=model[0] // 48)  # the paper's arch that timm has not
     return dict(paper, drop_path_rate=drop_path_rate, eta=eps,
                 out_indices=even_taps((read or paper)['depth']))
+
+
+@dataclasses.dataclass(frozen=True)
+class CaiTArgs(WindowArgs):
+    """CaiT's own arguments, checked: its windows, and the resolution its position embedding is
+    built for (``img_size``, square)."""
+    img_size: int
 
 
 @register_model
@@ -151,20 +159,19 @@ class CaiT(ColumnarBackbone):
                    global_blocks: Optional[Sequence[int]] = None, **kwargs) -> ColumnarArgs:
         img_size = cls._check_img_size(arch, img_size)
         args = super().parse_args(arch, **kwargs)
-        window_size, global_blocks = check_windows('CaiT', args.arch, window_size, global_blocks,
-                                                   args.kept_blocks, default=args.out_indices)
-        return args.with_family(img_size=img_size, window_size=window_size,
-                                global_blocks=global_blocks)
+        return args.with_family(CaiTArgs(*check_windows(
+            'CaiT', args.arch, window_size, global_blocks, args.kept_blocks,
+            default=args.out_indices), img_size=img_size))
 
     @property
     def window_size(self) -> int:
         """0 (global attention) or the side of the windows of every block but ``global_blocks``."""
-        return self.args.family['window_size']
+        return self.args.family.window_size
 
     @property
     def global_blocks(self) -> Tuple[int, ...]:
         """The 0-based blocks with global attention."""
-        return self.args.family['global_blocks']
+        return self.args.family.global_blocks
 
     def _apply_fast_path(self, mode: Union[bool, str]) -> None:
         chunk = {True: CPU_QUERY_CHUNK, False: None, 'auto': 'auto'}[mode]
@@ -201,7 +208,7 @@ class CaiT(ColumnarBackbone):
     def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
         spec, family = args.spec, args.family
         trunk = Cait(
-            img_size=family['img_size'], patch_size=spec.patch_size, embed_dim=spec.embed_dim,
+            img_size=family.img_size, patch_size=spec.patch_size, embed_dim=spec.embed_dim,
             # blocks after the last tap would be pruned right away: not built (nor initialised);
             # drop path is uniform over blocks, so nothing else depends on the depth
             depth=args.kept_blocks, num_heads=spec.num_heads, init_values=args.layer_scale,
@@ -211,7 +218,7 @@ class CaiT(ColumnarBackbone):
             patch_layer=partial(PatchEmbed, strict_img_size=False, dynamic_img_pad=True),
             attn_block=GridTalkingHeadAttn, **args.trunk_kwargs)
         for i, blk in enumerate(trunk.blocks):
-            blk.attn.window_size = 0 if i in family['global_blocks'] else family['window_size']
+            blk.attn.window_size = family.window_of(i)
         return trunk
 
     # ----------------------------------------------------------------- position embedding

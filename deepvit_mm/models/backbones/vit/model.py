@@ -43,7 +43,7 @@ from ....registry import register_model
 from ..arch_table import ArchTable
 from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
 from ..timm_releases import create_model
-from ..windows import check_windows, forward_grid
+from ..windows import WindowArgs, check_windows, forward_grid
 from .window_attention import use_windows
 
 __all__ = ['TimmArchTable', 'TimmColumnar', 'TimmViT', 'TimmEVA', 'TimmBEiT', 'vitdet_drop_path']
@@ -213,19 +213,19 @@ class TimmViT(TimmColumnar):
     def parse_args(cls, arch: str, *, window_size: int = 0,
                    global_blocks: Optional[Sequence[int]] = None, **kwargs) -> ColumnarArgs:
         args = super().parse_args(arch, **kwargs)
-        window_size, blocks = check_windows('TimmViT', args.arch, window_size, global_blocks,
-                                            args.kept_blocks, default=cls._vitdet_global(args))
-        return args.with_family(window_size=window_size, global_blocks=blocks)
+        return args.with_family(WindowArgs(*check_windows(
+            'TimmViT', args.arch, window_size, global_blocks, args.kept_blocks,
+            default=cls._vitdet_global(args))))
 
     @property
     def window_size(self) -> int:
         """0 (global attention) or the side of the windows of every block but ``global_blocks``."""
-        return self.args.family['window_size']
+        return self.args.family.window_size
 
     @property
     def global_blocks(self) -> Tuple[int, ...]:
         """The 0-based blocks with global attention."""
-        return self.args.family['global_blocks']
+        return self.args.family.global_blocks
 
     @staticmethod
     def _vitdet_global(args: ColumnarArgs) -> Tuple[int, ...]:
@@ -234,8 +234,8 @@ class TimmViT(TimmColumnar):
         return tuple(i for i in (q - 1, 2 * q - 1, 3 * q - 1, depth - 1) if i < args.kept_blocks)
 
     def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
-        window_size = args.family['window_size']
-        if not window_size:
+        windows: WindowArgs = args.family
+        if not windows.window_size:
             return self._create_trunk(args)
         try:  # ViTDet: patch tokens only
             trunk = self._create_trunk(args, class_token=False, reg_tokens=0, global_pool='avg')
@@ -249,7 +249,7 @@ class TimmViT(TimmColumnar):
                              'distillation token): use window_size=0 or another ViT.')
         for i, blk in enumerate(trunk.blocks):  # the tokens go through them as a grid
             try:
-                use_windows(blk.attn, 0 if i in args.family['global_blocks'] else window_size)
+                use_windows(blk.attn, windows.window_of(i))
             except TypeError as e:
                 raise ValueError(f'TimmViT({args.arch}): {e}') from e
         return trunk

@@ -9,6 +9,7 @@ Stochastic depth and LayerScale init follow the paper's Table B.1.
 The Q/K/V embedding of XCA is an option (``qkv_cfg``): timm's linear layer by default, or the
 non-linear SNE, P-SNE and F-SNE embeddings of "Non-linear Q, K, V embeddings" (``.qkv``).
 """
+import dataclasses
 import types
 from typing import Any, Dict, List, Mapping, Optional, Union
 
@@ -23,7 +24,7 @@ from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
 from .fast import xca_block_forward, xca_block_forward_auto, xca_block_forward_auto_compiled
 from .qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
 
-__all__ = ['XCiT']
+__all__ = ['XCiT', 'XCiTArgs']
 
 
 # The paper's settings of each arch (Tables 1 and B.1; L24/8's from the official detection and
@@ -44,6 +45,17 @@ def _xcit_settings(name: str, read: Dict[str, Any]) -> Dict[str, Any]:
     drop_path_rate, eta = _XCIT_SETTINGS[name]
     return dict(drop_path_rate=drop_path_rate, eta=eta,
                 out_indices=even_taps(read['depth']))
+
+
+@dataclasses.dataclass(frozen=True)
+class XCiTArgs:
+    """XCiT's own arguments, checked.
+
+    Attributes:
+        qkv_cfg (dict): The Q/K/V embedding of every XCA block (``xcit.qkv.normalize_qkv_cfg``'s
+            form).
+    """
+    qkv_cfg: Mapping[str, Any]
 
 
 @register_model
@@ -101,18 +113,18 @@ class XCiT(ColumnarBackbone):
 
     @classmethod
     def parse_args(cls, arch: str, *, qkv_cfg: Optional[dict] = None, **kwargs) -> ColumnarArgs:
-        return super().parse_args(arch, **kwargs).with_family(qkv_cfg=normalize_qkv_cfg(qkv_cfg))
+        return super().parse_args(arch, **kwargs).with_family(XCiTArgs(normalize_qkv_cfg(qkv_cfg)))
 
     @property
     def qkv_cfg(self) -> dict:
         """The Q/K/V embedding of every XCA block (``xcit.qkv.normalize_qkv_cfg``'s form)."""
-        return self.args.family['qkv_cfg']
+        return self.args.family.qkv_cfg
 
     def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
         trunk = timm.create_model(args.spec.timm, pretrained=False, num_classes=0,
                                   drop_path_rate=args.drop_path_rate, eta=args.layer_scale,
                                   **args.trunk_kwargs)
-        return set_qkv_embed(trunk, args.family['qkv_cfg'])
+        return set_qkv_embed(trunk, args.family.qkv_cfg)
 
     def _stem_modules(self) -> List[nn.Module]:
         return super()._stem_modules() + [self.trunk.pos_embed]  # the Fourier encoding's conv

@@ -1,11 +1,5 @@
-"""Synthetic inputs: images for a backbone, and a whole detection or segmentation batch.
-
-``synthetic_data`` is what a dataloader would hand ``model.train_step``: uint8 images and data
-samples with random targets (mmdet's ``demo_mm_inputs``: boxes and masks; for a segmentor a random
-label map), at exactly the requested size. ``synthetic_batch`` passes it through the model's own
-data preprocessor (normalisation, padding, stacking), so that a forward sees what it sees in a
-run.
-"""
+"""Synthetic inputs: images for a backbone; a dataloader's detection or segmentation batch
+(mmdet's ``demo_mm_inputs``, or a random label map), raw or through the model's preprocessor."""
 from typing import Dict, Tuple
 
 import torch
@@ -20,18 +14,16 @@ __all__ = ['backbone_input', 'synthetic_data', 'synthetic_batch']
 
 def backbone_input(size: Tuple[int, int], batch: int = 1, device: str = 'cpu',
                    seed: int = 0) -> torch.Tensor:
-    """``deepvit_mm.deploy.example_input`` (standard-normal pixels, the same for the same
-    ``seed``) as a ``(batch, 3, H, W)`` float32 batch on ``device``."""
+    """``deepvit_mm.deploy.example_input``: a seeded ``(batch, 3, H, W)`` float32 batch."""
     return example_input(size, seed, batch).to(device)
 
 
 def synthetic_data(task: str, size: Tuple[int, int], batch: int = 1, num_classes: int = 80,
                    num_objects: int = 5, seed: int = 0) -> Dict[str, list]:
-    """A dataloader's batch with random images and targets.
+    """A dataloader's batch of random uint8 images and targets, exactly ``size`` (H, W).
 
     Args:
-        task (str): ``'det'`` (boxes, labels and masks, mmdet's ``demo_mm_inputs``) or ``'seg'``
-            (a label map in ``[0, num_classes)``).
+        task (str): ``'det'`` (boxes, labels and masks) or ``'seg'`` (a label map).
         size (tuple[int, int]): Image ``(H, W)``.
         batch (int): Images. Default: 1.
         num_classes (int): Classes of the random labels. Default: 80.
@@ -63,13 +55,9 @@ def synthetic_data(task: str, size: Tuple[int, int], batch: int = 1, num_classes
 
 def synthetic_batch(model: nn.Module, task: str, size: Tuple[int, int], batch: int = 1,
                     num_objects: int = 5, seed: int = 0) -> Tuple[torch.Tensor, list]:
-    """``synthetic_data`` through ``model.data_preprocessor``: the ``(inputs, data_samples)`` that
-    ``model(inputs, data_samples, mode=...)`` takes, on the model's device.
-
-    The preprocessor runs in test mode: a segmentor's training mode would pad the batch up to its
-    crop size, and the size asked for is the size measured. (Detectors pad to their size divisor
-    in both modes.) The samples keep their targets, so ``mode='loss'`` works on them.
-    """
+    """``synthetic_data`` through ``model.data_preprocessor`` in test mode (a segmentor's training
+    mode would pad to its crop size; the size asked for is the size measured): the ``(inputs,
+    data_samples)`` of ``model(inputs, data_samples, mode=...)``, targets kept for ``'loss'``."""
     data = synthetic_data(task, size, batch, num_classes_of(model, task), num_objects, seed)
     out = model.data_preprocessor(data, False)
     return out['inputs'], out['data_samples']

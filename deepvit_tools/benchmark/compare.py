@@ -1,17 +1,11 @@
-"""Our backbone against baselines, in one process, interleaved call by call.
-
-``compare`` times our backbone against baselines (``baselines.BASELINES``: timm's
-``forward_intermediates`` + the same adapter; the GEMM floor) for each pass and dtype, with
-``measure``'s timing and memory, and checks that outputs meant to be equal are
-(``max_rel_err``). With ``compile``, each model that computes ours is also timed under
-``torch.compile`` (``ours_compiled``, ``timm_compiled``), its first call (the compilation) kept
-apart; with ``roofline``, each eager model's pass is held against this device's roofline
-(``roofline.py``: its operators' FLOPs and bytes at the GEMM rate and copy bandwidth measured in
-the same run).
+"""Our backbone against baselines (``baselines.BASELINES``: timm's ``forward_intermediates`` +
+the same adapter; the GEMM floor), interleaved call by call in one process (``measure.timings``),
+with the largest relative error between outputs meant to be equal; optionally each model under
+``torch.compile`` and each eager pass against this device's roofline (``roofline.py``).
 """
-import statistics
-from contextlib import contextmanager, nullcontext
-from typing import Optional, Sequence, Tuple
+import math
+from contextlib import contextmanager
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -24,13 +18,11 @@ from .batches import backbone_input
 from .measure import (
     AUTOCAST_DTYPES,
     COMPARE_MODES,
-    DTYPES,
     Case,
     autocast_for,
-    interleaved,
     measure_isolated,
     pass_runner,
-    time_calls,
+    timings,
     torch_threads,
 )
 from .memory import peak_memory
@@ -38,43 +30,37 @@ from .models import build_backbone, speed_options
 from .roofline import device_rates, pass_cost
 from .roofline import roofline as roofline_of
 
-__all__ = ['compare', 'err_key', 'eager_name', 'COMPILED']
+__all__ = ['compare', 'compare_grid', 'err_key', 'eager_name', 'COMPILED']
 
 COMPILED = '_compiled'  # the suffix of a compiled model's name
-
 _DTYPE_NAMES = {torch.float32: 'fp32', torch.bfloat16: 'bf16', torch.float16: 'fp16'}
 
 
 @contextmanager
-def _no_tf32():
-    """Full float32 precision for CUDA convs and matmuls inside the block."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-@contextmanager
-def _recompile_limit(n: int):
-    """Dynamo's per-function recompilation limit raised to ``n`` inside the block: each pass,
-    dtype and TF32 setting is one compilation of the same forward (the default, 8, would fall
-    back to eager without an error)."""
+def _settings(compile: bool, tf32: bool = True):
+    """TF32 for CUDA convs and matmuls as ``tf32`` says, and with ``compile`` dynamo's
+    recompilation limit raised (each pass, dtype and TF32 setting compiles the forward once more;
+    past the default 8 it would fall back to eager silently); both restored after."""
     import torch._dynamo.config as cfg
     name = 'recompile_limit' if hasattr(cfg, 'recompile_limit') else 'cache_size_limit'
-    saved = getattr(cfg, name)
-    setattr(cfg, name, max(n, saved))
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+             getattr(cfg, name))
+    if not tf32:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    if compile:
+        setattr(cfg, name, max(64, saved[2]))
     try:
         yield
     finally:
-        setattr(cfg, name, saved)
-        torch._dynamo.reset()
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved[:2]
+        if compile:
+            setattr(cfg, name, saved[2])
+            torch._dynamo.reset()
 
 
 def err_key(name: str, dtype: str) -> str:
     """The key of ``name``'s largest relative error in ``dtype`` in ``compare``'s result."""
-    prefix = '' if name == 'timm' else f'{name}_'  # 'max_rel_err' stays timm's (older reports)
+    prefix = '' if name == 'timm' else f'{name}_'
     return f'{prefix}{"" if dtype == "fp32" else dtype + "_"}max_rel_err'
 
 
@@ -86,52 +72,41 @@ def eager_name(impl: str) -> str:
 def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu',
             threads: int = 0, warmup: int = 1, repeats: int = 3, memory: bool = True,
             modes: Sequence[Tuple[str, str]] = COMPARE_MODES,
-            backbone_kwargs: Optional[dict] = None,
-            baselines: Sequence[str] = ('timm',), compile: bool = False,
-            roofline: bool = False) -> dict:
-    """Our backbone against ``baselines`` (names of ``baselines.BASELINES``) built from it.
+            backbone_kwargs: Optional[dict] = None, baselines: Sequence[str] = ('timm',),
+            compile: bool = False, roofline: bool = False) -> dict:
+    """Our backbone against ``baselines`` built from it, on the same input, interleaved.
 
-    All get the same input; timing interleaves them call by call (rotating which goes first) so
-    that all see the same machine load. Memory (when ``memory``) is measured per implementation
-    in fresh processes (``measure_isolated``) on CPU, and in this process on CUDA
-    (``max_memory_allocated`` is exact per pass).
+    Memory (``memory``) is measured per implementation in fresh processes on CPU and in this
+    process on CUDA (``max_memory_allocated`` is exact per pass).
 
     Args:
-        arch (str): A backbone arch (XCiT or CaiT).
+        arch (str): A backbone arch.
         size (tuple[int, int]): Input ``(H, W)``.
         batch (int): Images per call. Default: 1.
         device (str): ``cpu`` or ``cuda``. Default: ``cpu``.
-        threads (int): Torch threads while comparing (restored after); 0: torch's. Default: 0.
+        threads (int): Torch threads (restored after); 0: torch's. Default: 0.
         warmup (int): Untimed calls of each implementation per mode. Default: 1.
         repeats (int): Timed calls of each implementation per mode. Default: 3.
         memory (bool): Also measure each one's peak memory. Default: True.
-        modes (Sequence[tuple[str, str]]): ``(pass, dtype)`` pairs timed. Default: all four.
+        modes (Sequence[tuple[str, str]]): ``(pass, dtype)`` pairs timed. Default: all.
         backbone_kwargs (dict, optional): The backbone's arguments (e.g. ``gram_xca=True``).
         baselines (Sequence[str]): What ours is compared with. Default: ``('timm',)``.
-        compile (bool): Also time ours and the baselines whose outputs equal ours under
-            ``torch.compile`` (default mode), as ``{name}_compiled``. Default: False.
-        roofline (bool): Also count each eager model's pass (FLOPs, bytes) and hold its time
-            against this device's roofline, measured in the same run. Default: False.
+        compile (bool): Also time ours and the baselines equal to it under ``torch.compile``
+            (default mode) as ``{name}_compiled``. Default: False.
+        roofline (bool): Also hold each eager model's pass against the roofline. Default: False.
 
     Returns:
-        dict: the settings; ``max_rel_err`` (fp32 eval outputs, ours vs timm, see
-        ``max_rel_err``) and ``bf16_max_rel_err`` / ``fp16_max_rel_err`` (when such a mode is
-        timed), for each baseline whose outputs must equal ours; and for each mode, keyed
-        ``{pass}_{dtype}``: ``ours_ms`` and ``{name}_ms`` (medians), ``ratio`` (ours / timm) and
-        ``ratio_{name}`` (ours / any other baseline), ``{impl}_mem_mib`` when ``memory`` (ours and
-        the baselines whose outputs equal ours). With ``compile``: ``{name}_compiled_ms``,
-        ``{name}_compiled_vs_eager`` (compiled / eager), every model's ``{impl}_first_ms`` (its
-        first call in that mode: the compiled ones' compilation), and the compiled models' errors
-        against their eager models in the inference modes timed (``ours_compiled_max_rel_err``,
-        ``ours_compiled_bf16_max_rel_err``...; TF32 as timed). With ``roofline``: ``rates``
-        (``{dtype}_tflops``, ``copy_tbs``) and per mode ``{impl}_roofline_ms``,
-        ``{impl}_compute_ms``, ``{impl}_memory_ms``, ``{impl}_gflop``, ``{impl}_gbyte`` of the
-        eager models and ``{impl}_vs_roofline`` (time / roofline; a compiled model against its
-        eager model's roofline).
+        dict: the settings, ``measurements`` (every ``Measurement``), ``err_key(name, dtype)``
+        (eval outputs against ours; a compiled model's against its eager model, inference modes),
+        ``rates`` (with ``roofline``) and per mode, keyed ``{pass}_{dtype}``: ``{impl}_ms``
+        (medians), ``ratio`` (ours / timm), ``ratio_{name}``, ``{impl}_mem_mib``; with
+        ``compile`` ``{impl}_first_ms`` and ``{impl}_vs_eager``; with ``roofline``
+        ``{impl}_roofline_ms``, ``_compute_ms``, ``_memory_ms``, ``_gflop``, ``_gbyte``,
+        ``_vs_roofline``.
     """
     backbone_kwargs = dict(backbone_kwargs or {})
     device = str(device)
-    with torch_threads(threads), (_recompile_limit(64) if compile else nullcontext()):
+    with torch_threads(threads), _settings(compile):
         torch.manual_seed(0)
         ours = build_backbone(arch, **backbone_kwargs)
         for m in ours.modules():  # non-trivial BN statistics, so that the check covers them
@@ -147,40 +122,43 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
         if compile:
             for name in ['ours'] + checked:
                 models[name + COMPILED] = torch.compile(models[name])
-            checked += [name + COMPILED for name in ['ours'] + checked]
         x = backbone_input(size, batch, device)
+        label = f'{arch} {size[0]}x{size[1]} batch {batch}'
         out = dict(model=arch, label=arch, size=tuple(size), batch=batch, device=device,
                    threads=torch.get_num_threads(), warmup=warmup, repeats=repeats,
                    speed_options=speed_options(ours), baselines=list(baselines),
-                   compiled=bool(compile))
+                   compiled=bool(compile), measurements=[])
         rates = {}
         if roofline:
-            wanted = [torch.float32] + [AUTOCAST_DTYPES[d] for _, d in modes if d != 'fp32']
-            rates = device_rates(device, wanted)
+            rates = device_rates(device, [torch.float32] + [AUTOCAST_DTYPES[d] for _, d in modes
+                                                            if d != 'fp32'])
             out['rates'] = {**{f'{_DTYPE_NAMES[k]}_tflops': v / 1e12 for k, v in rates.items()
                                if k != 'copy'}, 'copy_tbs': rates['copy'] / 1e12}
-        for m in models.values():
-            m.eval()
-        # the check is of the math: TF32 convs/matmuls (cuDNN's default on recent GPUs) would turn
-        # float32 rounding differences into ~1e-4 TF32 rounding flips in the adapter's convs
-        with torch.no_grad(), _no_tf32():
-            for dtype in DTYPES:
-                if dtype != 'fp32' and not any(d == dtype for _, d in modes):
-                    continue
-                with autocast_for(device, dtype):
-                    ref = ours(x)
-                    for name in [n for n in checked if n in eager]:
-                        out[err_key(name, dtype)] = max_rel_err(models[name](x), ref)
 
+        def errors(names: List[str], dtypes: Sequence[str], ref_of: Callable[[str], nn.Module]):
+            for m in models.values():
+                m.eval()
+            with torch.no_grad():
+                for dtype in dict.fromkeys(dtypes):
+                    with autocast_for(device, dtype):
+                        for name in names:
+                            out[err_key(name, dtype)] = max_rel_err(models[name](x),
+                                                                    ref_of(name)(x))
+
+        # the check is of the math: with TF32 convs/matmuls (cuDNN's default on recent GPUs)
+        # float32 rounding differences turn into ~1e-4 TF32 rounding flips in the adapter's convs
+        with _settings(False, tf32=False):
+            errors(checked, ['fp32'] + [d for _, d in modes], lambda name: ours)
         for mode, dtype in modes:
             runs = {k: pass_runner(m, (lambda m=m: m(x)), mode, device, dtype)
                     for k, m in models.items()}
             res = {}
             if compile:  # before any other call in this mode: the compiled ones compile here
                 for k, run in runs.items():
-                    res[f'{k}_first_ms'] = time_calls(run, device, 1)[0] * 1e3
-            times = interleaved(runs, device, warmup, repeats)
-            res.update({f'{k}_ms': statistics.median(v) * 1e3 for k, v in times.items()})
+                    res[f'{k}_first_ms'] = timings({k: run}, 0, 1)[k].times[0] * 1e3
+            times = timings(runs, warmup, repeats, label=label, sub_label=f'{mode} {dtype}')
+            out['measurements'] += times.values()
+            res.update({f'{k}_ms': m.median * 1e3 for k, m in times.items()})
             for name in baselines:
                 res['ratio' if name == 'timm' else f'ratio_{name}'] = \
                     res['ours_ms'] / res[f'{name}_ms']
@@ -188,38 +166,42 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
                 if k != eager_name(k):
                     res[f'{k}_vs_eager'] = res[f'{k}_ms'] / res[f'{eager_name(k)}_ms']
             if roofline:
-                for k in ['ours'] + [n for n in checked if n in eager]:
+                for k in ['ours'] + checked:
                     for key, v in roofline_of(pass_cost(runs[k]), rates).items():
                         res[f'{k}_{key}'] = v
                 for k in models:
-                    roof = res.get(f'{eager_name(k)}_roofline_ms')
-                    if roof is not None:
-                        res[f'{k}_vs_roofline'] = res[f'{k}_ms'] / roof
-            # memory of what computes the same as ours (the floor's is not a model's)
-            mem_of = ['ours'] + checked if memory else []
+                    if f'{eager_name(k)}_roofline_ms' in res:
+                        res[f'{k}_vs_roofline'] = res[f'{k}_ms'] / res[f'{eager_name(k)}_roofline_ms']
+            mem_of = [k for k in models if eager_name(k) in ['ours'] + checked] if memory else []
             if device.startswith('cuda'):
                 for k in mem_of:
                     res[f'{k}_mem_mib'] = peak_memory(runs[k], device)[0]
             else:
                 release_free_memory()  # what the timing freed: the fresh processes need it
                 for k in [k for k in mem_of if k in eager]:
-                    m = measure_isolated(Case(arch, size, batch, dtype, mode, device, threads,
-                                              warmup=0, repeats=0, impl=k,
-                                              cfg_options=backbone_kwargs))
-                    res[f'{k}_mem_mib'] = m.get('peak_mem_mib')
+                    res[f'{k}_mem_mib'] = measure_isolated(Case(
+                        arch, size, batch, dtype, mode, device, threads, warmup=0, repeats=0,
+                        impl=k, cfg_options=backbone_kwargs)).get('peak_mem_mib')
             out[f'{mode}_{dtype}'] = res
-
         # the compiled models after the timing (compiling for the check would warm the timed
-        # first calls), against their own eager model, whose state they share (the training
-        # passes have moved BatchNorm statistics by stochastic depth's random draws, differently
-        # in ours and timm's trunk), in the inference modes they were timed in, under the same
-        # TF32 setting (dynamo guards on it: another setting would compile once more)
-        for m in models.values():
-            m.eval()
-        with torch.no_grad():
-            for dtype in [d for m, d in modes if m == 'fwd']:
-                with autocast_for(device, dtype):
-                    for name in [n for n in checked if n not in eager]:
-                        ref = models[eager_name(name)](x)
-                        out[err_key(name, dtype)] = max_rel_err(models[name](x), ref)
+        # first calls), against their own eager model, whose state they share (training passes
+        # move BatchNorm statistics by stochastic depth's own draws), under the TF32 setting timed
+        errors([k for k in models if k not in eager], [d for m, d in modes if m == 'fwd'],
+               lambda name: models[eager_name(name)])
+    return out
+
+
+def compare_grid(archs: Sequence[str], sizes: Sequence[Tuple[int, int]],
+                 dtypes: Sequence[str] = ('fp32', 'bf16'), passes: Sequence[str] = ('fwd', 'train'),
+                 log: Callable[[str], None] = print, **compare_kwargs) -> List[dict]:
+    """``compare`` for every arch x size in the ``COMPARE_MODES`` that ``passes`` and ``dtypes``
+    ask for (``compare_kwargs`` go to ``compare``), a line to ``log`` per result."""
+    modes = [(m, d) for m, d in COMPARE_MODES if m in passes and d in dtypes]
+    out = []
+    for arch in archs if modes else []:
+        for size in sizes:
+            out.append(compare(arch, size, modes=modes, **compare_kwargs))
+            log(f'  {arch} {size[0]}x{size[1]}: ' + ', '.join(
+                f'{m} {d} ours / timm {out[-1][f"{m}_{d}"].get("ratio", math.nan):.3f}'
+                for m, d in modes))
     return out

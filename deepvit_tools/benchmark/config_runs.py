@@ -1,7 +1,5 @@
-"""Whole runs of a config's model: one training step's peak memory and time
-(``measure_train_step``), and ``tools/test.py``'s evaluation of a checkpoint
-(``evaluate_checkpoint``).
-"""
+"""Whole runs of a config's model: one training step's peak memory and time, and
+``tools/test.py``'s evaluation of a checkpoint."""
 import numbers
 import os
 import time
@@ -17,6 +15,7 @@ from .models import build_from_config, load_config, num_classes_of
 
 __all__ = ['measure_train_step', 'evaluate_checkpoint']
 
+
 def measure_train_step(config: str, *, with_cp: Optional[bool] = None, batch_size: int = 1,
                        height: int = 800, width: int = 1344, num_objects: int = 10,
                        cfg_options: Optional[dict] = None, seed: int = 0,
@@ -24,10 +23,8 @@ def measure_train_step(config: str, *, with_cp: Optional[bool] = None, batch_siz
     """Peak memory and time of one training step (``model.train_step``: data preprocessor,
     forward, backward, optimizer step with its state) of ``config`` on a synthetic batch.
 
-    The model and its optimizer wrapper are built as mmengine's Runner builds them (no weights
-    file, SyncBN reverted to BN as in any single-process run). Run it in a fresh process
-    (``run_isolated``): on a system without ``/proc`` the peak is the process's since it started.
-    Note that a segmentor's training preprocessor pads a batch smaller than its crop size up to it.
+    Built as mmengine's Runner builds them (no weights file, SyncBN -> BN); run it in a fresh
+    process (``run_isolated``). A segmentor's training preprocessor pads up to its crop size.
 
     Args:
         config (str): An mmdet or mmseg config with a deepvit_mm backbone.
@@ -37,8 +34,7 @@ def measure_train_step(config: str, *, with_cp: Optional[bool] = None, batch_siz
         width (int): Image width. Default: 1344.
         num_objects (int): Ground-truth instances per image (detectors). Default: 10.
         cfg_options (dict, optional): More config overrides.
-        seed (int): Seed of the weights, the batch and the RoI sampling (the same loss with and
-            without checkpointing). Default: 0.
+        seed (int): Seed of the weights, the batch and the RoI sampling. Default: 0.
         device (str): ``cpu`` or ``cuda``. Default: ``cpu``.
 
     Returns:
@@ -71,9 +67,6 @@ def measure_train_step(config: str, *, with_cp: Optional[bool] = None, batch_siz
                 threads=torch.get_num_threads())
 
 
-# --------------------------------------------------------------------------------------------
-# accuracy of a checkpoint: tools/test.py's evaluation
-# --------------------------------------------------------------------------------------------
 def _test(config: str, checkpoint: str, work_dir: str, cfg_options: Optional[dict]) -> dict:
     # the body of tools/test.py's main() without its display options: the same calls in order
     from mmengine.registry import RUNNERS
@@ -92,10 +85,8 @@ def _test(config: str, checkpoint: str, work_dir: str, cfg_options: Optional[dic
 def evaluate_checkpoint(config: str, checkpoint: str, work_dir: str,
                         cfg_options: Optional[dict] = None, timeout: Optional[float] = None
                         ) -> Dict[str, float]:
-    """Evaluate ``checkpoint`` with ``config``'s test set and metric, as ``tools/test.py`` does
-    (``deepvit_mm.apis.prepare_config``, then mmengine's ``Runner.test``), in a fresh process.
-    For an ADE20k config: single-scale mIoU on ADE20k val (the recipes' test pipelines have no
-    flip; mmseg's test-time augmentation runs only when asked for); for a COCO one, box/mask mAP.
+    """Evaluate ``checkpoint`` on ``config``'s test set as ``tools/test.py`` does
+    (``prepare_config``, then mmengine's ``Runner.test``), in a fresh process.
 
     Args:
         config (str): An mmdet or mmseg config.

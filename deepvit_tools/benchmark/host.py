@@ -1,35 +1,9 @@
-"""The host's side of a backbone's training step on a GPU: how long the host takes to queue a
-step against how long the step takes, and how often the host waits for the device.
-
-A training step is ``pass_runner``'s (forward, the maps' mean, backward; no optimizer), on the
-backbone alone. Each figure is the median over ``steps`` steps issued back to back:
-
-* ``step_ms``: wall time per step with nothing waited for between steps (one synchronize after
-  the last), what a training loop gets;
-* ``host_ms``: the host's time to queue one step (until its Python returns); where it is close to
-  ``step_ms`` the GPU waits for the host (host-bound);
-* ``device_ms``: the GPU's time per step between CUDA events around it;
-* ``waits``: the calls per step that made the host wait for the device, counted by
-  ``torch.cuda.set_sync_debug_mode('warn')`` during one step.
-
-``host_profile`` times the step as built (``'as built'``) and with a forward pre-hook that makes,
-before every backbone call, the two device reads the backbones made on every call until they made
-them only where they cost nothing (``torch.isfinite(x).all()`` and ``torch.cuda.mem_get_info``;
-``'reads per call'``), interleaved in one process.
-
-``host_split`` says where the host's time to queue a step goes, from ``torch.profiler``'s events
-of a few profiled steps (the profiler's own cost inflates them: compare its parts with each other
-and with the profiled step, not with ``host_ms``):
-
-* ``profiled_ms``: the host's time per profiled step;
-* ``ops_ms``: inside torch's operators (``aten::`` calls and compiled regions of the forward,
-  and the backward's functions on autograd's threads, each moment counted once): the
-  dispatcher, the operators' host code and the kernel launches;
-* ``launch_ms``: of which in the CUDA runtime's and driver's calls that queue a kernel, a copy
-  or a fill;
-* ``python_ms``: the rest, ``profiled_ms - ops_ms``: Python around the operators (modules, hooks,
-  the step's own code);
-* ``kernels``: the kernels (and device copies and fills) launched per step.
+"""The host's side of a backbone's training step (``pass_runner``'s) on a GPU, medians over
+steps issued back to back: ``step_ms`` (wall time per step, one synchronize after the last),
+``host_ms`` (the host's time to queue one step), ``device_ms`` (CUDA events around it), ``waits``
+(calls that made the host wait, from ``torch.cuda.set_sync_debug_mode('warn')``); as built and
+with the two device reads the backbones once made on every call, interleaved. ``host_split``:
+where the host's time goes, from ``torch.profiler``'s events (docs/benchmark.md).
 """
 import statistics
 import time
@@ -39,7 +13,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .batches import backbone_input
-from .measure import pass_runner
+from .measure import pass_runner, timings
 from .models import build_backbone
 
 __all__ = ['host_profile', 'host_split']
@@ -50,7 +24,7 @@ _LAUNCHES = ('cudaLaunchKernel', 'cudaLaunchKernelExC', 'cuLaunchKernel', 'cuLau
 
 
 def _device_reads(module, args) -> None:
-    """What every backbone call did before: read whether its input is finite, ask free memory."""
+    """What every backbone call once did: read whether its input is finite, ask free memory."""
     x = args[0]
     bool(torch.isfinite(x).all())
     torch.cuda.mem_get_info(x.device)
@@ -99,9 +73,10 @@ def _covered_us(intervals) -> float:
 
 
 def host_split(events, steps: int, profiled_s: float) -> Dict[str, float]:
-    """Where the host's time of ``steps`` profiled steps went, per step (module docstring). An
-    operator's time is counted once however deeply operators nest: the union of their time
-    ranges, thread by thread (the profiler's parent links miss some nested calls on torch 2.1).
+    """Where the host's time of ``steps`` profiled steps went, per step: ``profiled_ms``,
+    ``ops_ms`` (inside torch's operators, each moment once: the union of their time ranges, thread
+    by thread; the profiler's parent links miss some nested calls on torch 2.1), ``launch_ms``
+    (CUDA launch, copy and fill calls), ``python_ms`` (the rest) and ``kernels``.
 
     Args:
         events: ``torch.profiler.profile(...).events()`` of the ``steps`` steps.
@@ -144,15 +119,12 @@ def _profiled(run, steps: int, trace: Optional[str]) -> Dict[str, float]:
 def host_profile(arch: str, size: Tuple[int, int] = (800, 1344), batch: int = 2,
                  dtype: str = 'fp16', steps: int = 20, warmup: int = 5, rounds: int = 3,
                  trace: Optional[str] = None, **kwargs) -> Dict[str, dict]:
-    """The training step of ``arch`` on CUDA without and with the per-call device reads,
-    interleaved ``rounds`` times (each figure: the median over the rounds' medians), and where
-    the host's time to queue a step goes (``host_split`` of 3 profiled steps without the reads).
+    """``arch``'s training step on CUDA without and with the per-call device reads, interleaved
+    ``rounds`` times (medians of the rounds' medians), and ``host_split`` of 3 profiled steps.
 
     Args:
-        arch (str): A backbone arch (``small_12_p16``); ``kwargs`` go to its constructor
-            (``compile_blocks=True``: its blocks compiled; the first call's time is reported).
-        trace (str, optional): Also write a Chrome trace (``torch.profiler``, CPU and CUDA) of
-            the 3 profiled steps to this file.
+        arch (str): A backbone arch; ``kwargs`` go to its constructor (``compile_blocks=True``).
+        trace (str, optional): Also write the profiled steps' Chrome trace to this file.
 
     Returns:
         dict: ``{'as built': {...}, 'reads per call': {...}}`` with ``step_ms``, ``host_ms``,
@@ -162,11 +134,7 @@ def host_profile(arch: str, size: Tuple[int, int] = (800, 1344), batch: int = 2,
     model = build_backbone(arch, **kwargs).to(device)
     x = backbone_input(size, batch, device)
     run = pass_runner(model, lambda: model(x), 'train', device, dtype)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    run()
-    torch.cuda.synchronize()
-    first_call_s = time.perf_counter() - start
+    first_call_s = timings({'first': run}, 0, 1)['first'].times[0]
     for _ in range(warmup - 1):
         run()
     results: Dict[str, list] = {'as built': [], 'reads per call': []}

@@ -1,41 +1,23 @@
-"""One fresh process per measurement.
-
-A process's memory never fully goes back: pages freed by an earlier measurement stay with the
-allocator and are reused without raising the resident peak, and ``ru_maxrss`` only grows. So
-every measurement runs in a process of its own. On CPU that process is forked from a fork server
-which has imported torch and deepvit_mm but run nothing (cheap, and as clean as a new
-interpreter); on CUDA it is spawned (a process that may have touched CUDA cannot be forked).
-"""
+"""One fresh process per measurement: a process's freed memory stays with its allocator and
+``ru_maxrss`` only grows, so nothing measured before may share it. On CPU the process is forked
+from a fork server that has imported torch and deepvit_mm but run nothing; on CUDA it is spawned
+(a process that has touched CUDA cannot be forked)."""
 import multiprocessing as mp
+import resource
 from typing import Any, Callable, Optional
-
-from .memory import limit_address_space
 
 __all__ = ['IsolatedError', 'run_isolated']
 
-_FORKSERVER = None
-
 
 class IsolatedError(RuntimeError):
-    """A measurement that failed in its own process: an exception there, a crash (e.g. killed for
-    memory) or a time-out. The message says which."""
-
-
-def _context(device: str):
-    global _FORKSERVER
-    if not str(device).startswith('cpu'):
-        return mp.get_context('spawn')
-    if _FORKSERVER is None:
-        ctx = mp.get_context('forkserver')
-        ctx.set_forkserver_preload(['deepvit_tools.benchmark'])
-        _FORKSERVER = ctx
-    return _FORKSERVER
+    """A measurement that failed in its own process: an exception, a crash or a time-out."""
 
 
 def _child(fn: Callable, args: tuple, kwargs: dict, mem_limit_gib: float, conn) -> None:
     try:
-        if mem_limit_gib > 0:
-            limit_address_space(mem_limit_gib)
+        if mem_limit_gib > 0:  # fail with "can't allocate memory" rather than swap or be killed
+            cap = int(mem_limit_gib * 2 ** 30)
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
         conn.send(('ok', fn(*args, **kwargs)))
     except BaseException as e:  # report any failure to the parent, which decides
         conn.send(('error', f'{type(e).__name__}: {str(e).strip()[-300:]}'))
@@ -48,21 +30,22 @@ def run_isolated(fn: Callable, *args, device: str = 'cpu', timeout: Optional[flo
     """``fn(*args, **kwargs)`` in a fresh process; its (picklable) return value.
 
     Args:
-        fn (Callable): A module-level function (it is pickled by name).
-        *args: Its positional arguments (picklable).
-        device (str): ``'cpu'``: fork from the clean fork server; else spawn. Default: ``'cpu'``.
-        timeout (float, optional): Seconds before the process is killed. Default: None (no limit).
-        mem_limit_gib (float): Address-space cap of the child (``memory.limit_address_space``);
-            0: none. Default: 0.
-        **kwargs: Its keyword arguments (picklable).
+        fn (Callable): A module-level function (pickled by name).
+        device (str): ``'cpu'``: forked from the fork server; else spawned. Default: ``'cpu'``.
+        timeout (float, optional): Seconds before the process is killed. Default: None.
+        mem_limit_gib (float): The process's address-space cap (``RLIMIT_AS``); 0: none.
+            Default: 0.
 
     Raises:
         IsolatedError: ``fn`` raised, the process died, or it timed out.
     """
-    ctx = _context(device)
+    if str(device).startswith('cpu'):
+        ctx = mp.get_context('forkserver')
+        ctx.set_forkserver_preload(['deepvit_tools.benchmark'])
+    else:
+        ctx = mp.get_context('spawn')
     recv, send = ctx.Pipe(duplex=False)
-    # not a daemon: a measurement may start processes of its own (an evaluation's dataloader
-    # workers), which daemonic processes may not; it is killed below instead if we stop early
+    # not a daemon: an evaluation starts dataloader workers, which daemons may not
     proc = ctx.Process(target=_child, args=(fn, args, kwargs, mem_limit_gib, send))
     proc.start()
     send.close()
@@ -74,9 +57,8 @@ def run_isolated(fn: Callable, *args, device: str = 'cpu', timeout: Optional[flo
             payload = f'timed out after {timeout} s'
     except EOFError:
         proc.join()
-        code = proc.exitcode
-        hint = ' (killed: out of memory?)' if code in (-9, 137) else ''
-        payload = f'the measuring process died with exit code {code}{hint}'
+        hint = ' (killed: out of memory?)' if proc.exitcode in (-9, 137) else ''
+        payload = f'the measuring process died with exit code {proc.exitcode}{hint}'
     finally:
         if status != 'ok' and proc.is_alive():  # timed out, or we were interrupted
             proc.kill()

@@ -1,12 +1,6 @@
-"""The models a benchmark measures, built through the registries as a config would build them.
-
-* a backbone named by its arch (``small_12_p8``, ``s24``, timm names too): the family that knows
-  the name (XCiT, CaiT, any ``ColumnarBackbone`` subclass) is built by ``type`` through mmdet's
-  ``MODELS``, exactly as ``model.backbone`` of a config is;
-* a config's whole detector or segmentor: ``deepvit_mm.apis``' ``load_config`` and
-  ``build_from_config`` (mmdet's or mmseg's ``MODELS`` by the config's ``default_scope``, no
-  weights file, SyncBN reverted to BN), as ONNX export builds it.
-"""
+"""The models a benchmark measures, built through the registries as a config builds them: a
+backbone by arch (its family found by the arch name, built by ``type`` through ``MODELS``), or a
+config's detector or segmentor (``deepvit_mm.apis``' ``build_from_config``)."""
 import contextlib
 import os
 from typing import Dict, Iterator, Tuple, Type, Union
@@ -16,8 +10,8 @@ import torch.nn as nn
 from deepvit_mm.apis.config import build_from_config, load_config, num_classes_of
 
 __all__ = ['is_config', 'model_label', 'backbone_family', 'build_backbone', 'load_config',
-           'build_from_config', 'num_classes_of', 'padded_size',
-           'backbone_info', 'speed_options', 'reference_forward']
+           'build_from_config', 'num_classes_of', 'padded_size', 'backbone_info', 'speed_options',
+           'reference_forward']
 
 
 def is_config(model: str) -> bool:
@@ -49,16 +43,20 @@ def backbone_family(arch: str) -> Type[nn.Module]:
 
 def build_backbone(arch: str, **kwargs) -> nn.Module:
     """``MODELS.build(dict(type=<family>, arch=arch, **kwargs))`` (mmdet's registry, or mmseg's
-    without mmdet: deepvit_mm registers every family in both), without pretrained weights."""
+    without mmdet), without pretrained weights."""
     from deepvit_mm.registry import MMDET_MODELS, MMSEG_MODELS
     models = MMDET_MODELS if MMDET_MODELS is not None else MMSEG_MODELS
     return models.build(dict(type=backbone_family(arch).__name__, arch=arch, **kwargs))
 
 
+def padded_size(backbone: nn.Module, size: Tuple[int, int]) -> Tuple[int, int]:
+    """The input size the backbone's trunk sees (padded when ``pad_input``)."""
+    return backbone._padded_size(*size) if getattr(backbone, 'pad_input', True) else tuple(size)
+
+
 def backbone_info(backbone: nn.Module, size: Tuple[int, int]) -> dict:
-    """What a report says about a built backbone at input ``size``: its family and arch,
-    ``blocks`` built, ``tokens`` per image (padded input), ``with_cp``, and CaiT's
-    ``window_size`` and ``global_blocks`` where it has them."""
+    """A built backbone at input ``size``: family, arch, ``blocks``, ``tokens`` per image,
+    ``with_cp``, and ``window_size`` / ``global_blocks`` where it has them."""
     h, w = padded_size(backbone, size)
     p = backbone.patch_size
     info = dict(family=type(backbone).__name__, arch=backbone.arch,
@@ -69,30 +67,22 @@ def backbone_info(backbone: nn.Module, size: Tuple[int, int]) -> dict:
     return info
 
 
-def padded_size(backbone: nn.Module, size: Tuple[int, int]) -> Tuple[int, int]:
-    """The input size the backbone's trunk sees (``ColumnarBackbone._padded_size`` when
-    ``pad_input``)."""
-    return backbone._padded_size(*size) if getattr(backbone, 'pad_input', True) else tuple(size)
-
-
 def speed_options(backbone: nn.Module) -> Dict[str, Union[bool, str]]:
-    """The family's switch of its faster forward as a config sets it (``{'gram_xca': 'auto'}``);
-    empty for a family with none (``fast_path_name``)."""
+    """The family's switch of its faster forward as set (``{'gram_xca': 'auto'}``); {} if none."""
     name = getattr(backbone, 'fast_path_name', '')
     return {name: getattr(backbone, name)} if name else {}
 
 
 @contextlib.contextmanager
 def reference_forward(backbone: nn.Module) -> Iterator[None]:
-    """Inside the block the backbone runs timm's own forward (its family's faster forward off: the
+    """Inside the block the backbone runs timm's own forward (its faster forward off: the
     multiply-adds the papers count); the switch is restored after."""
     name = getattr(backbone, 'fast_path_name', '')
-    if not name:
-        yield
-        return
-    mode = getattr(backbone, name)
-    setattr(backbone, name, False)
+    mode = getattr(backbone, name) if name else None
+    if name:
+        setattr(backbone, name, False)
     try:
         yield
     finally:
-        setattr(backbone, name, mode)
+        if name:
+            setattr(backbone, name, mode)

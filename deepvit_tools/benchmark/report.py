@@ -88,7 +88,7 @@ def _cell(v: Any) -> str:
     """Floats with 2 decimals, or 3 significant digits below 0.01 (errors); the rest as is."""
     if isinstance(v, float) and 0 < abs(v) < 0.01:
         return f'{v:.2e}'
-    return fmt(v, 2) if isinstance(v, float) else fmt(v)
+    return fmt(v, 2) if isinstance(v, float) else '-' if v is None else str(v)
 
 
 def _markdown(rows: List[dict], fields: Sequence[str]) -> List[str]:

@@ -275,37 +275,55 @@ def test_write_report_rows_tables_and_files(tmp_path):
             ('128x128', 'fwd', '', '', 'killed')]
     with open(paths['compare_csv']) as f:
         (c,) = list(csv.DictReader(f))
-    assert (c['pass'], c['ratio'], c['floor_ms'], c['ratio_floor'], c['max_rel_err_bf16']) == \
-        ('fwd_fp32', '0.8', '2.0', '4.0', '')
+    assert list(c)[:7] == ['label', 'size', 'batch', 'pass', 'ours_ms', 'timm_ms', 'ratio']
+    assert (c['pass'], c['ratio'], c['floor_ms'], c['ratio_floor'], c['max_rel_err']) == \
+        ('fwd_fp32', '0.8', '2.0', '4.0', '1e-07')
     md = open(paths['md']).read().splitlines()
-    assert '| m | 64x96 | 1 | fp32 | train | 30.0 | 29.0 | 33.33 | 30.0 | 50 | 60.0 |' in md
-    assert '| m | 128x128 | 1 | bf16 | fwd | failed: killed |  |  |  |  |  |' in md
-    # only the modes timed get columns; the error of a mode not timed gets none
-    assert '| a | 64x64 | 1 | 8.0 / 10.0 | 0.800 | 2.0 | 4.000 | 5 / 6 | 1.00e-07 |' in md
+    # the markdown tables hold the CSV files' columns and rows
+    assert '| ' + ' | '.join(bm.report.ROW_FIELDS) + ' |' in md
+    assert '| m | 64x96 | 1 | fp32 | train | ours | cpu | 1 | 1 | 3 | 30.00 | - | 29.00 | 33.33 | ' \
+        '30.00 | 50.00 | VmHWM - VmRSS (fresh process) | 60.00 | - |' in md
+    assert '| m | 128x128 | 1 | bf16 | fwd | - | - | - | - | - | - | - | - | - | - | - | - | - | ' \
+        'killed |' in md
+    assert '| ' + ' | '.join(c) + ' |' in md
+    assert '| a | 64x64 | 1 | fwd_fp32 | 8.00 | 10.00 | 0.80 | 2.00 | 4.00 | 5.00 | 6.00 | ' \
+        '1.00e-07 |' in md
     assert '| mIoU | 12.35 |' in md and 'Reproduce: `python x`' in md
     assert os.path.getsize(paths['png']) > 1000
 
 
-def test_write_report_implementations_against_the_roofline(tmp_path):
-    cmp = [dict(label='a', size=(64, 64), batch=2, baselines=['timm'], compiled=True,
-                rates=dict(fp32_tflops=50.0, copy_tbs=2.5), ours_compiled_max_rel_err=2e-7,
-                fwd_fp32=dict(ours_ms=30.0, timm_ms=40.0, ratio=0.75, ours_compiled_ms=15.0,
-                                ours_first_ms=31.0, ours_compiled_first_ms=9000.0,
-                                ours_compiled_vs_eager=0.5, ours_roofline_ms=10.0,
-                                ours_compute_ms=2.0, ours_memory_ms=9.0, ours_gflop=100.0,
-                                ours_gbyte=22.5, ours_vs_roofline=3.0,
-                                ours_compiled_vs_roofline=1.5))]
-    md = open(bm.write_report(str(tmp_path), [], cmp, None, 'python x', {})['md']).read()
-    lines = md.splitlines()
-    assert '| a | 64x64 | 2 | fwd fp32 | ours | 30.00 | 31 | - | – | 10.00 (2.00 / 9.00) | ' \
-        '100.0 / 22.50 | 3.00 | – |' in lines
-    assert '| a | 64x64 | 2 | fwd fp32 | ours compiled | 15.00 | 9000 | - | 0.500 | ' \
-        '10.00 (2.00 / 9.00) | 100.0 / 22.50 | 1.50 | 2.00e-07 |' in lines
-    cmp[0]['train_fp32'] = cmp[0].pop('fwd_fp32')  # the error is of inference: not shown here
-    md = open(bm.write_report(str(tmp_path), [], cmp, None, 'python x', {})['md']).read()
-    assert '| a | 64x64 | 2 | train fp32 | ours compiled | 15.00 | 9000 | - | 0.500 | ' \
-        '10.00 (2.00 / 9.00) | 100.0 / 22.50 | 1.50 | – |' in md.splitlines()
-    assert 'a 64x64: fp32 GEMM 50.0 TFLOP/s, copy 2.50 TB/s' in md
+def test_comparison_rows_flatten_each_mode_with_the_errors_and_rates():
+    """A comparison with two modes, compiled models and the roofline: one row per mode with that
+    mode's figures (not the other's), every output error and the device rates."""
+    cmp = dict(label='a', size=(64, 64), batch=2, baselines=['timm'], compiled=True,
+               rates=dict(fp32_tflops=50.0, copy_tbs=2.5), max_rel_err=1e-7,
+               ours_compiled_max_rel_err=2e-7, measurements=[],
+               fwd_fp32=dict(ours_ms=30.0, timm_ms=40.0, ratio=0.75, ours_compiled_ms=15.0,
+                             ours_compiled_vs_eager=0.5, ours_roofline_ms=10.0),
+               train_fp32=dict(ours_ms=90.0, timm_ms=80.0, ratio=1.125))
+    fwd, train = bm.comparison_rows([cmp])
+    assert fwd == dict(label='a', size='64x64', batch=2, **{'pass': 'fwd_fp32'}, ours_ms=30.0,
+                       timm_ms=40.0, ratio=0.75, ours_compiled_ms=15.0,
+                       ours_compiled_vs_eager=0.5, ours_roofline_ms=10.0, max_rel_err=1e-7,
+                       ours_compiled_max_rel_err=2e-7, rate_fp32_tflops=50.0, rate_copy_tbs=2.5)
+    assert train['pass'] == 'train_fp32' and train['ratio'] == 1.125
+    assert 'ours_compiled_ms' not in train and train['rate_copy_tbs'] == 2.5
+
+
+def test_timings_interleave_in_rotating_order_with_exact_counts_and_threads():
+    """Warm-up calls first, then one timed call of each run per round, the first one rotating;
+    every call counted (no hidden warm-up), torch's threads set inside and restored after."""
+    calls, threads = [], torch.get_num_threads()
+    runs = {k: (lambda k=k: calls.append((k, torch.get_num_threads()))) for k in 'abc'}
+    res = bm.timings(runs, warmup=1, repeats=3, threads=1, label='L', sub_label='S')
+    assert [k for k, _ in calls] == list('abc' 'abc' 'bca' 'cab')
+    assert {n for _, n in calls} == {1} and torch.get_num_threads() == threads
+    for k, m in res.items():
+        assert len(m.times) == 3 and len(m.metadata['cpu_times']) == 3
+        assert (m.task_spec.description, m.task_spec.label, m.task_spec.sub_label,
+                m.task_spec.num_threads) == (k, 'L', 'S', 1)
+    assert bm.interleaved(runs, 'cpu', 0, 2).keys() == runs.keys()
+    assert len(calls) == 12 + 6
 
 
 @pytest.mark.slow
@@ -407,7 +425,7 @@ def test_benchmark_tool_compare_only_for_cait(tmp_path):
     with open(tmp_path / 'compare.csv') as f:
         (row,) = list(csv.DictReader(f))
     assert (row['label'], row['pass']) == ('xxs24', 'fwd_fp32')
-    assert float(row['max_rel_err_fp32']) < 1e-5
+    assert float(row['max_rel_err']) < 1e-5
     assert float(row['ratio_floor']) == pytest.approx(float(row['ours_ms']) / float(row['floor_ms']))
     assert float(row['ours_mem_mib']) > 0 and float(row['timm_mem_mib']) > 0  # measured, isolated
 

@@ -1,33 +1,7 @@
-"""Peak memory and time of one forward + backward of a CaiT backbone, global vs windowed attention.
-
-Every variant runs in a fresh process (deepvit_tools.benchmark.run_isolated), so that its peak is its
-own; how each number is taken is in docs/benchmark.md:
-
-* CPU: the peak resident set of the first pass (the kernel's high-water mark, reset right before
-  it); "model + input" is the resident set before it, so "added" is what forward + backward took
-  (activations kept for backward, gradients, attention maps). CUDA: max_memory_allocated.
-* Tensor memory, on any device: the first pass runs under torch.profiler (profile_memory=True);
-  the peak of its allocations minus frees, in time order, is what the pass allocated on top of the
-  model and the input (RSS also counts heap fragmentation and library buffers). Use --warmup 1 to
-  keep the timed passes unprofiled.
-
-An address-space cap (--mem-limit-gb, RLIMIT_AS, CPU only) stops a variant that does not fit
-instead of swapping the machine or waking the OOM killer: torch's allocator raises "can't allocate
-memory" (reported in the status column), or the process dies (reported with its exit code). The
-address space also holds ~3 GiB of library mappings, so the cap must be that much above the
-expected peak RSS.
-
-Time is the median wall time of forward + backward of the mean of the pyramid outputs over
---repeat passes after --warmup passes (the first, profiled pass counts as a warm-up pass; with
---warmup 0 it is timed), and the process's CPU time over the same passes (with --threads 1 it is
-the compute time even on a machine shared with other jobs); drop path is off so every pass does
-the same work.
-
-When the full depth does not fit, --out-indices (taps on earlier blocks prune the trunk) and
---global-blocks measure what one more global or windowed block costs: e.g. 4 blocks with 1 or
-2 of them global, and 8 blocks with 1 global, give the per-block costs of both kinds, from which
-the full model's peak and time follow (memory and time are linear in the number of blocks of each
-kind; check the fit on one more pruned run).
+"""Peak memory and time of one forward + backward of a CaiT backbone, global vs windowed attention,
+with and without gradient checkpointing; each variant in a fresh process (docs/benchmark.md says
+how each number is taken, docs/cait.md what they were). --out-indices and --global-blocks prune
+the trunk, for per-block costs when the full depth does not fit.
 
     python tools/analysis/benchmark_memory.py --arch s24 --size 800 1344
 """
@@ -51,24 +25,23 @@ def parse_args(argv=None):
     p.add_argument('--variants', nargs='+', choices=VARIANTS, default=list(VARIANTS),
                    help='global / windowed attention, with or without gradient checkpointing')
     p.add_argument('--window-size', type=int, default=14, help='patches per window side')
-    p.add_argument('--out-indices', nargs=4, type=int, help='taps (default: the arch\'s own)')
+    p.add_argument('--out-indices', nargs=4, type=int, help="taps (default: the arch's own)")
     p.add_argument('--global-blocks', nargs='+', type=int,
                    help='blocks kept global in the windowed variants (default: the taps)')
     p.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
-    p.add_argument('--threads', type=int, help='torch CPU threads (default: torch\'s)')
-    p.add_argument('--warmup', type=int, default=1, help='untimed passes first')
+    p.add_argument('--threads', type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument('--warmup', type=int, default=1,
+                   help='untimed passes, the first (profiled) one included; 0: it is timed')
     p.add_argument('--repeat', type=int, default=1, help='timed passes (the median is reported)')
     p.add_argument('--mem-limit-gb', type=float, default=16.0,
-                   help='CPU address-space cap per variant; 0: none')
+                   help='CPU address-space cap per variant (~3 GiB above the peak RSS); 0: none')
     p.add_argument('--timeout', type=float, help='seconds per variant (default: none)')
     p.add_argument('--json', help='also write the results to this file')
-    # older versions re-ran this script with --worker VARIANT; it now measures that one variant
-    p.add_argument('--worker', choices=VARIANTS, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def variant_case(args, variant: str):
-    """The harness's Case for one variant: a CaiT built through the registry."""
+    """The harness's Case for one variant: a CaiT training pass, drop path off."""
     from deepvit_tools.benchmark import Case
     windowed = variant.startswith('window')
     backbone = dict(window_size=args.window_size if windowed else 0,
@@ -87,10 +60,12 @@ def _gib(mib: Optional[float]) -> Optional[float]:
     return None if mib is None else round(mib / 1024, 2)
 
 
+def _s(ms: Optional[float]) -> Optional[float]:
+    return None if ms is None else round(ms / 1e3, 2)
+
+
 def cait_variant_row(variant: str, result: dict) -> dict:
-    """One row of this tool's table (and ``--json``) from ``measure``'s
-    result for a CaiT training pass: memory in GiB, times in seconds, ``status`` ``ok`` or the
-    failure."""
+    """One row of the table (and ``--json``) from ``measure``'s result: GiB, seconds, status."""
     info = result.get('info') or {}
     row = dict(variant=variant, arch=result['model'], size=list(result['size']),
                batch=result['batch'], device=result['device'], threads=result.get('threads'),
@@ -98,18 +73,16 @@ def cait_variant_row(variant: str, result: dict) -> dict:
                                            'tokens')})
     if result.get('error'):
         return dict(row, status=f'failed: {result["error"]}')
-    seconds = [round(t / 1e3, 2) for t in result.get('latencies_ms') or []]
     return dict(row, status='ok', base_gb=_gib(result['mem_before_mib']),
                 peak_gb=_gib(result['mem_peak_mib']), added_gb=_gib(result['peak_mem_mib']),
                 tensor_peak_gb=_gib(result.get('tensor_peak_mib')),
-                seconds=None if result['latency_ms'] is None else round(result['latency_ms'] / 1e3, 2),
-                cpu_seconds=None if result['cpu_ms'] is None else round(result['cpu_ms'] / 1e3, 2),
-                all_seconds=seconds)
+                seconds=_s(result['latency_ms']), cpu_seconds=_s(result['cpu_ms']),
+                all_seconds=[_s(t) for t in result.get('latencies_ms') or []])
 
 
 def cait_variants_markdown(rows: List[dict], arch: str, batch: int, size: Sequence[int],
                            device: str) -> str:
-    """This tool's table: one line per attention variant."""
+    """The table: one line per attention variant."""
     unit = 'CUDA max allocated' if device == 'cuda' else 'peak RSS'
     threads = next((r.get('threads') for r in rows if r.get('threads')), None)
     title = (f'CaiT-{arch}, {batch}x3x{size[0]}x{size[1]}, forward + backward, {device}'
@@ -130,10 +103,10 @@ def main(argv=None):
     args = parse_args(argv)
     from deepvit_tools.benchmark import measure_isolated
     rows = []
-    for v in [args.worker] if args.worker else args.variants:
-        row = cait_variant_row(v, measure_isolated(variant_case(args, v), timeout=args.timeout))
-        rows.append(row)
-        print(json.dumps(row), file=sys.stderr)
+    for v in args.variants:
+        rows.append(cait_variant_row(v, measure_isolated(variant_case(args, v),
+                                                         timeout=args.timeout)))
+        print(json.dumps(rows[-1]), file=sys.stderr)
     print('\n' + cait_variants_markdown(rows, args.arch, args.batch, tuple(args.size), args.device))
     if args.json:
         with open(args.json, 'w') as f:

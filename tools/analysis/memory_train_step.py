@@ -4,8 +4,7 @@ Each measurement runs in a fresh process (deepvit_tools.benchmark.run_isolated):
     python tools/analysis/memory_train_step.py configs/mask_rcnn_xcit_s12_8_3x.py            # both
     python tools/analysis/memory_train_step.py CONFIG --with-cp on --height 800 --width 1344  # one
 
-Prints one line per measurement and, last, the results as JSON (a list for "both", else one dict).
-How the peak is taken: docs/benchmark.md.
+Prints a line per measurement, then the results as JSON (a list for "both"); docs/benchmark.md.
 """
 import argparse
 import json

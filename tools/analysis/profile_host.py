@@ -1,7 +1,5 @@
-"""The host's side of a backbone's training step on a GPU: the host's time to queue a step
-against the step's time, and the calls that make the host wait for the device, with and without
-a read of the device on every call, and where the host's time goes (deepvit_tools/benchmark/host.py
-says how); ``--compile-blocks`` also profiles each arch with its blocks compiled.
+"""The host's side of a backbone's training step on a GPU (deepvit_tools/benchmark/host.py);
+``--compile-blocks`` also with its blocks compiled.
 
     python tools/analysis/profile_host.py --arch small_12_p16 --size 800 1344 --batch 2
 """

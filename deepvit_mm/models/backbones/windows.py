@@ -14,13 +14,14 @@ reads the grid from its input's shape, cuts it into windows with timm's ``window
 math is never copied, and the parameters and state-dict keys are timm's.
 """
 import dataclasses
-from typing import Callable, Iterable, Iterator, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 from timm.models.vision_transformer_sam import window_partition, window_unpartition
 
-__all__ = ['GridAttention', 'WindowArgs', 'attend_in_windows', 'check_windows', 'forward_grid']
+__all__ = ['GridAttention', 'WindowArgs', 'Windowed', 'attend_in_windows', 'check_windows',
+           'forward_grid']
 
 
 def attend_in_windows(attend: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
@@ -134,3 +135,38 @@ class WindowArgs:
     def window_of(self, block: int) -> int:
         """The window side of the 0-based ``block``: 0 where it attends globally."""
         return 0 if block in self.global_blocks else self.window_size
+
+
+class Windowed:
+    """Mixin of a ``ColumnarBackbone`` family with ViTDet's windows (CaiT, TimmViT), whose own
+    arguments (``args.family``) are a ``WindowArgs``: its ``window_size`` and ``global_blocks``,
+    and the taps of its trunk's blocks run on a token grid (``_grid_taps``)."""
+
+    @property
+    def window_size(self) -> int:
+        """0 (global attention) or the side of the windows of every block but ``global_blocks``."""
+        return self.args.family.window_size
+
+    @property
+    def global_blocks(self) -> Tuple[int, ...]:
+        """The 0-based blocks with global attention."""
+        return self.args.family.global_blocks
+
+    def _grid_taps(self, x: torch.Tensor, as_blocks_end: bool = False) -> List[torch.Tensor]:
+        """The outputs of blocks ``out_indices`` of the trunk run on the ``(B, h, w, C)`` token
+        grid ``x`` (``forward_grid``, timm's ``grad_checkpointing``), as ``(B, C, h, w)`` maps.
+
+        Args:
+            x (Tensor): The token grid the first block takes.
+            as_blocks_end (bool): Make each map as its block ends (CaiT's order), not once every
+                block has run (timm's ``forward_intermediates``, TimmViT's): the order in which
+                autograd sums a block output's gradients, hence their rounding, follows it.
+        """
+        def to_map(y: torch.Tensor) -> torch.Tensor:
+            return y.permute(0, 3, 1, 2).contiguous()
+
+        trunk, take, taps = self.trunk, set(self.out_indices), []
+        for i, y in enumerate(forward_grid(trunk.blocks, x, trunk.grad_checkpointing)):
+            if i in take:
+                taps.append(to_map(y) if as_blocks_end else y)
+        return taps if as_blocks_end else [to_map(y) for y in taps]

@@ -647,6 +647,26 @@ def test_own_arguments_are_named():
         assert own == set(OWN_ARGUMENTS.get(name, {})), name
 
 
+def test_windowed_families_share_their_windows():
+    """``window_size``, ``global_blocks`` and the taps of the token grid are written once
+    (``windows.Windowed``): every family taking ``window_size`` has them from there, and its own
+    arguments are a ``windows.WindowArgs``."""
+    from deepvit_mm.models.backbones.windows import WindowArgs, Windowed
+    windowed = [name for name, own in OWN_ARGUMENTS.items() if 'window_size' in own]
+    assert windowed
+    for name, fam in FAMILIES.items():
+        assert issubclass(fam, Windowed) == (name in windowed), name
+        if name not in windowed:
+            continue
+        again = [(c.__name__, a) for c in fam.__mro__ if c is not Windowed
+                 for a in ('window_size', 'global_blocks', '_grid_taps') if a in vars(c)]
+        assert not again, again
+        args = fam.parse_args(family_archs(fam)[0], **OWN_ARGUMENTS[name])
+        assert isinstance(args.family, WindowArgs)
+        assert [args.family.window_of(i) for i in range(4)] == \
+            [0 if i in OWN_ARGUMENTS[name]['global_blocks'] else 2 for i in range(4)]
+
+
 def test_the_docs_family_example_builds_and_runs(monkeypatch):
     """docs/backbones.md's "A family of your own": its code defines a family that builds, checks
     its own argument and gives the four maps."""

@@ -48,7 +48,7 @@ from ....registry import register_model
 from ....tracing import capturing_for_other_sizes
 from ..arch_table import ArchTable
 from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
-from ..windows import WindowArgs, check_windows, forward_grid
+from ..windows import WindowArgs, Windowed, check_windows
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 
 __all__ = ['CaiT', 'CaiTArgs']
@@ -91,7 +91,7 @@ class CaiTArgs(WindowArgs):
 
 
 @register_model
-class CaiT(ColumnarBackbone):
+class CaiT(Windowed, ColumnarBackbone):
     """CaiT for dense prediction: trunk (timm) -> 4 taps -> strides 4/8/16/32.
 
     The position embedding is built for ``img_size`` (grid ``img_size / 16``) and resampled to each
@@ -162,16 +162,6 @@ class CaiT(ColumnarBackbone):
         return args.with_family(CaiTArgs(*check_windows(
             'CaiT', args.arch, window_size, global_blocks, args.kept_blocks,
             default=args.out_indices), img_size=img_size))
-
-    @property
-    def window_size(self) -> int:
-        """0 (global attention) or the side of the windows of every block but ``global_blocks``."""
-        return self.args.family.window_size
-
-    @property
-    def global_blocks(self) -> Tuple[int, ...]:
-        """The 0-based blocks with global attention."""
-        return self.args.family.global_blocks
 
     def _apply_fast_path(self, mode: Union[bool, str]) -> None:
         chunk = {True: CPU_QUERY_CHUNK, False: None, 'auto': 'auto'}[mode]
@@ -330,11 +320,8 @@ class CaiT(ColumnarBackbone):
         grid = (-(-H // self.patch_size), -(-W // self.patch_size))
         trunk = self.trunk
         x = trunk.patch_embed(x) + self.pos_embed_for(grid)
-        x = trunk.pos_drop(x).reshape(B, grid[0], grid[1], -1)
-        take = set(self.out_indices)
-        return [y.permute(0, 3, 1, 2).contiguous()  # each map as its block ends
-                for i, y in enumerate(forward_grid(trunk.blocks, x, trunk.grad_checkpointing))
-                if i in take]
+        return self._grid_taps(trunk.pos_drop(x).reshape(B, grid[0], grid[1], -1),
+                               as_blocks_end=True)
 
     # ----------------------------------------------------------------- weights
     @classmethod

@@ -43,7 +43,7 @@ from ....registry import register_model
 from ..arch_table import ArchTable
 from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
 from ..timm_releases import create_model
-from ..windows import WindowArgs, check_windows, forward_grid
+from ..windows import WindowArgs, Windowed, check_windows
 from .window_attention import use_windows
 
 __all__ = ['TimmArchTable', 'TimmColumnar', 'TimmViT', 'TimmEVA', 'TimmBEiT', 'vitdet_drop_path']
@@ -170,7 +170,7 @@ class TimmColumnar(ColumnarBackbone):
 
 
 @register_model
-class TimmViT(TimmColumnar):
+class TimmViT(Windowed, TimmColumnar):
     """timm's ``VisionTransformer`` for dense prediction: ViT (AugReg), DeiT, DeiT III, DINOv2
     (with or without registers) and every other name of ``timm.models.vision_transformer`` and
     ``timm.models.deit``.
@@ -217,16 +217,6 @@ class TimmViT(TimmColumnar):
             'TimmViT', args.arch, window_size, global_blocks, args.kept_blocks,
             default=cls._vitdet_global(args))))
 
-    @property
-    def window_size(self) -> int:
-        """0 (global attention) or the side of the windows of every block but ``global_blocks``."""
-        return self.args.family.window_size
-
-    @property
-    def global_blocks(self) -> Tuple[int, ...]:
-        """The 0-based blocks with global attention."""
-        return self.args.family.global_blocks
-
     @staticmethod
     def _vitdet_global(args: ColumnarArgs) -> Tuple[int, ...]:
         """ViTDet's global blocks: the last of each quarter of the full trunk, where built."""
@@ -262,13 +252,7 @@ class TimmViT(TimmColumnar):
         x = trunk.patch_embed(x)  # (B, h, w, C): dynamic_img_size
         B, h, w, C = x.shape
         x = trunk.norm_pre(trunk.patch_drop(trunk._pos_embed(x))).reshape(B, h, w, C)
-        take = set(self.out_indices)
-        taps = [y for i, y in enumerate(forward_grid(trunk.blocks, x, trunk.grad_checkpointing))
-                if i in take]
-        # the maps once every block has run, as timm makes them (the order in which autograd
-        # sums a block output's gradients, hence their rounding, follows it)
-        taps = [y.permute(0, 3, 1, 2).contiguous() for y in taps]
-        return self._at_tap_stride(taps, size)
+        return self._at_tap_stride(self._grid_taps(x), size)
 
     # ----------------------------------------------------------------- weights
     def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

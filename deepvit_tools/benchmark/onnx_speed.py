@@ -2,13 +2,10 @@
 
 Both run the same export wrapper (``wrappers``): PyTorch eager calls it directly (the backbones'
 ``gram_xca``/``query_chunks='auto'``, as in a test run), ONNX Runtime runs its export. Timing is the benchmark
-harness's (``deepvit_tools.benchmark.measure``): ``warmup`` untimed calls of each, then ``repeats``
-timed calls of each, interleaved call by call with the order rotating, so that both see the same
-machine load; medians are reported. Both use ``threads`` threads (torch's intra-op threads and
-ONNX Runtime's). Random weights: speed does not depend on them.
+harness's ``measure.timings`` (interleaved, order rotating; medians). Both use ``threads`` threads
+(torch's intra-op threads and ONNX Runtime's). Random weights: speed does not depend on them.
 """
 import os
-import statistics
 import tempfile
 import time
 from typing import List, Optional, Sequence, Tuple
@@ -19,7 +16,7 @@ from deepvit_mm.deploy.export import example_input, export_onnx, load_model, onn
 from deepvit_mm.deploy.parity import max_rel_err
 from deepvit_mm.deploy.wrappers import DetectorForExport, wrap_for_export
 
-from .measure import interleaved
+from .measure import timings
 
 __all__ = ['compare_onnxruntime']
 
@@ -49,12 +46,11 @@ def compare_onnxruntime(config: str, sizes: Sequence[Tuple[int, int]], backbone_
         ``speedup`` (PyTorch / ONNX Runtime), ``max_rel_err`` (maps only), every call's time
         (``*_all_ms``), ``dynamic``, ``export_s``.
     """
-    from .measure import torch_threads
     model, task = load_model(config, None, cfg_options, backbone_only)
     wrapper = wrap_for_export(model, task, backbone_only)
     part = 'backbone' if backbone_only else {'seg': 'segmentor', 'det': 'detector'}[task]
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, torch_threads(threads):
+    with tempfile.TemporaryDirectory() as tmp:
         folder = work_dir or tmp
         session, export_s = None, None
         for size in sizes:
@@ -79,11 +75,11 @@ def compare_onnxruntime(config: str, sizes: Sequence[Tuple[int, int]], backbone_
             if not isinstance(wrapper, DetectorForExport):
                 ref = eager()
                 err = max_rel_err(ref if isinstance(ref, tuple) else (ref,), onnx())
-            times = interleaved({'pytorch': eager, 'onnxruntime': onnx}, 'cpu', warmup, repeats)
-            pt, ort = (statistics.median(times[k]) * 1e3 for k in ('pytorch', 'onnxruntime'))
+            timed = timings({'pytorch': eager, 'onnxruntime': onnx}, warmup, repeats, threads)
+            pt, ort = (timed[k].median * 1e3 for k in ('pytorch', 'onnxruntime'))
             rows.append(dict(config=config, part=part, arch=model.backbone.arch, size=size,
                              threads=threads, pytorch_ms=pt, onnxruntime_ms=ort, speedup=pt / ort,
                              max_rel_err=err, dynamic=dynamic, export_s=export_s,
-                             pytorch_all_ms=[t * 1e3 for t in times['pytorch']],
-                             onnxruntime_all_ms=[t * 1e3 for t in times['onnxruntime']]))
+                             pytorch_all_ms=[t * 1e3 for t in timed['pytorch'].times],
+                             onnxruntime_all_ms=[t * 1e3 for t in timed['onnxruntime'].times]))
     return rows

@@ -302,3 +302,28 @@ def test_detector_export_tool_matches_mmdet_boxes_on_held_out_images(tmp_path, i
                     diff = float((probs[i] - masks[keep_o[j]]).abs().max())
                     assert diff < 1e-3, (file, size, i, diff)
     assert totals['reference'] >= 20, totals  # the comparison covers many boxes
+
+
+@exports
+@pytest.mark.slow
+def test_onnx_speed_tool_times_both_runtimes_on_the_same_outputs(in_process):
+    """tools/analysis/benchmark_onnx.py (docs/deployment.md's speed table): one row per size with
+    both runtimes' medians of every timed call, their ratio, and the outputs' largest difference
+    within the export tolerance; the command that reproduces it."""
+    out = in_process(os.path.join(ROOT, 'tools', 'analysis', 'benchmark_onnx.py'), SEG_CFG,
+                     '--parts', 'backbone', '--sizes', '64', '96x128', '--warmup', '0',
+                     '--repeats', '3', '--cfg-options', 'model.backbone.out_indices=(0,1,2,3)',
+                     cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [[c.strip() for c in line.strip('|').split('|')]
+            for line in out.stdout.splitlines() if line.startswith('| sem_fpn')]
+    assert [r[3] for r in rows] == ['64x64', '96x128']
+    for r in rows:
+        pytorch, ort, ratio, err = float(r[4]), float(r[5]), float(r[6]), float(r[7])
+        # the medians are printed to the millisecond, their ratio to two digits
+        assert pytorch >= 0 and ort >= 0
+        assert (pytorch - 0.5) / (ort + 0.5) - 0.01 <= ratio <= (pytorch + 0.5) / max(ort - 0.5, 1e-3)
+        assert err < TOL
+    calls = re.findall(r'PyTorch ([\d ]+), ORT ([\d ]+)', out.stdout)
+    assert [(len(p.split()), len(o.split())) for p, o in calls] == [(3, 3), (3, 3)]
+    assert 'command: python tools/analysis/benchmark_onnx.py' in out.stdout

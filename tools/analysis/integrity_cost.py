@@ -1,6 +1,6 @@
 """What the checkpoint integrity checks cost, next to reading the file: the zip CRC-32 check, the
 SHA-256 of a cached download and ``torch.load(weights_only=True)``, interleaved in one process
-(the benchmark harness's ``interleaved``: one untimed call of each, then rotating order).
+(the benchmark harness's ``measure.timings``: one untimed call of each, then rotating order).
 
     python tools/analysis/integrity_cost.py [--mib 400] [--repeat 5] [CHECKPOINT]
 
@@ -10,7 +10,6 @@ folder (and removed).
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 
@@ -26,7 +25,7 @@ def main():
     import torch
 
     from deepvit_mm.checkpoints.integrity import sha256_of, zip_problem
-    from deepvit_tools.benchmark.measure import interleaved
+    from deepvit_tools.benchmark.measure import timings
     tmp = None
     path = args.checkpoint
     if path is None:
@@ -35,16 +34,16 @@ def main():
         torch.save({'state_dict': {f'w{i}': torch.randn(1024, 1024) for i in range(args.mib // 4)}},
                    path)
     try:
-        times = interleaved({'zip CRC-32 check': lambda: zip_problem(path),
-                             'SHA-256': lambda: sha256_of(path),
-                             'torch.load(weights_only=True)':
-                                 lambda: torch.load(path, weights_only=True)},
-                            'cpu', warmup=1, repeats=args.repeat)
+        timed = timings({'zip CRC-32 check': lambda: zip_problem(path),
+                         'SHA-256': lambda: sha256_of(path),
+                         'torch.load(weights_only=True)':
+                             lambda: torch.load(path, weights_only=True)},
+                        warmup=1, repeats=args.repeat)
         print(f'{path}: {os.path.getsize(path) / 2**20:.0f} MiB, torch {torch.__version__}, '
               f'{args.repeat} interleaved runs')
-        for name, ts in times.items():
-            print(f'  {name}: median {statistics.median(ts):.3f} s (min {min(ts):.3f}, '
-                  f'max {max(ts):.3f})')
+        for name, m in timed.items():
+            print(f'  {name}: median {m.median:.3f} s (min {min(m.times):.3f}, '
+                  f'max {max(m.times):.3f})')
     finally:
         if tmp:
             shutil.rmtree(tmp)

@@ -29,9 +29,9 @@ import torch
 import torch.nn as nn
 
 from .batches import synthetic_data
-from .breakdown import profiled_work
-from .measure import interleaved
+from .flops import WorkCounter
 from .models import build_from_config, load_config, num_classes_of
+from .roofline import device_rates
 
 __all__ = ['profile_train_step', 'split_backward', 'step_markdown']
 
@@ -60,39 +60,20 @@ class _Clock:
 
 
 class _WorkClock(_Clock):
-    """Profiles each part's call instead of timing it: multiply-adds and bytes per
-    ``(part, phase)``."""
+    """Counts each part's work (``flops.WorkCounter``) instead of timing it: multiply-adds and
+    bytes per ``(part, phase)``."""
 
     def __init__(self):
         super().__init__()
         self.work: Dict[Tuple[str, str], Dict[str, float]] = {}
 
     def __call__(self, part: str, phase: str, fn: Callable[[], object]):
-        from torch.utils.flop_counter import FlopCounterMode
-        out = []
-        # multiply-adds by torch's FlopCounterMode, which also counts convolutions' backward
-        # (the profiler's flop counts do not); bytes by the profiler
-        with FlopCounterMode(display=False) as flops:
-            kinds = profiled_work(lambda: out.append(fn()))
+        with WorkCounter() as counter:
+            out = fn()
         work = self.work.setdefault((part, phase), dict(macs=0, bytes=0))
-        work['macs'] += flops.get_total_flops() // 2
-        work['bytes'] += sum(kind['bytes'] for kind in kinds.values())
-        return out[0]
-
-
-def _rates(model: nn.Module, inputs: torch.Tensor, repeats: int = 5) -> Tuple[float, float]:
-    """This machine's float32 GEMM rate (multiply-adds/s) at the backbone's MLP shape and its
-    streaming rate (bytes/s) over a map of that size, timed interleaved (median of ``repeats``)."""
-    backbone = model.backbone
-    c, p = backbone.embed_dim, backbone.patch_size
-    tokens = inputs.shape[0] * -(-inputs.shape[-2] // p) * -(-inputs.shape[-1] // p)
-    a, w = torch.randn(tokens, c), torch.randn(c, 4 * c)
-    x, y = torch.randn(tokens, 4 * c), torch.randn(tokens, 4 * c)
-    out, mm_out = torch.empty_like(x), torch.empty(tokens, 4 * c)
-    times = interleaved(dict(gemm=lambda: torch.mm(a, w, out=mm_out),
-                             stream=lambda: torch.add(x, y, out=out)), 'cpu', 1, repeats)
-    return (tokens * c * 4 * c / statistics.median(times['gemm']),
-            3 * x.numel() * 4 / statistics.median(times['stream']))
+        work['macs'] += counter.flops // 2
+        work['bytes'] += counter.bytes
+        return out
 
 
 def _loss(model: nn.Module, losses: dict) -> torch.Tensor:
@@ -216,7 +197,11 @@ def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_s
     med = {k: statistics.median(t.get(k, 0.0) for t in split) for k in keys}
     # the floors: one more split step, profiled (float32)
     clock = _split_step(model, data, optim_wrapper, task, _WorkClock())
-    gemm_rate, stream_rate = _rates(model, model.data_preprocessor(data, True)['inputs'])
+    inputs, p = model.data_preprocessor(data, True)['inputs'], model.backbone.patch_size
+    tokens = inputs.shape[0] * -(-inputs.shape[-2] // p) * -(-inputs.shape[-1] // p)
+    c = model.backbone.embed_dim
+    rates = device_rates('cpu', gemm=(tokens, c, 4 * c), stream=tokens * 4 * c)
+    gemm_rate, stream_rate = rates[torch.float32] / 2, rates['copy']
     parts: Dict[str, Dict[str, float]] = {}
     floors: Dict[str, Dict[str, float]] = {}
     for (part, phase), sec in med.items():

@@ -46,6 +46,7 @@ from timm.models.cait import Cait, LayerScaleBlock, checkpoint_filter_fn
 
 from ....registry import register_model
 from ....tracing import capturing_for_other_sizes
+from ..adapt import adapt
 from ..arch_table import ArchTable
 from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
 from ..windows import WindowArgs, Windowed, check_windows
@@ -206,9 +207,9 @@ class CaiT(Windowed, ColumnarBackbone):
             # any size: the backbone pads inputs to a multiple of 32, and with pad_input=False
             # the patch embedding pads to a multiple of the patch size
             patch_layer=partial(PatchEmbed, strict_img_size=False, dynamic_img_pad=True),
-            attn_block=GridTalkingHeadAttn, **args.trunk_kwargs)
+            **args.trunk_kwargs)
         for i, blk in enumerate(trunk.blocks):
-            blk.attn.window_size = family.window_of(i)
+            adapt(blk.attn, GridTalkingHeadAttn, window_size=family.window_of(i))
         return trunk
 
     # ----------------------------------------------------------------- position embedding

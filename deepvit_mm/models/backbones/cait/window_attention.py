@@ -7,8 +7,8 @@ has 4,200 tokens and every block holds several ``heads x 4200 x 4200`` maps; win
 (``..windows``, ViTDet's, shared with ``TimmViT``) bound them.
 
 ``GridTalkingHeadAttn`` is timm's ``TalkingHeadAttn`` (same parameters and state-dict keys, so every
-CaiT checkpoint loads unchanged) with ``..windows.GridAttention``'s grid: pass it to timm's
-``Cait(attn_block=...)`` and set ``window_size`` per block.
+CaiT checkpoint loads unchanged) with ``..windows.GridAttention``'s grid: ``CaiT`` gives it to
+the attention of each block timm built, with its ``window_size`` (``..adapt``).
 
 **Query chunks** (``talking_heads_chunked``): timm materialises every ``heads x N x N`` map several
 times over (the logits, their head-mixed and softmaxed versions, and the channels-last copies its
@@ -17,7 +17,7 @@ at a time: each chunk's maps stay small, the head mixing is one batched GEMM ove
 permuted copies), and the result and its gradients are the same to float rounding. Inference
 memory is O(heads x chunk x N) instead of O(heads x N^2); speed: docs/cait.md#query-chunked-attention.
 """
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from timm.models.cait import TalkingHeadAttn
@@ -90,13 +90,13 @@ class GridTalkingHeadAttn(GridAttention, TalkingHeadAttn):
             non-overlapping ``k x k`` windows. Default: 0.
         **kwargs: ``TalkingHeadAttn``'s keyword arguments.
     """
+    #: 'auto': query chunks where they are faster (``default_query_chunk``); an int: always, with
+    #: that many rows per chunk; None: timm's attention
+    query_chunk: Union[int, str, None] = 'auto'
 
     def __init__(self, *args, window_size: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.window_size = window_size
-        # 'auto': query chunks where they are faster (``default_query_chunk``);
-        # an int: always, with that many rows per chunk; None: timm's attention
-        self.query_chunk = 'auto'
 
     def _attend(self, x: torch.Tensor) -> torch.Tensor:
         chunk = self.query_chunk

@@ -2,13 +2,14 @@
 
 ``WindowedAttention`` is timm's ``Attention`` (the same parameters and state-dict keys: every ViT
 checkpoint loads unchanged) with ``..windows.GridAttention``'s grid. ``use_windows`` turns a built
-block's attention into one, in place. Windows need a trunk without class or register tokens
+block's attention into one, in place (``..adapt``). Windows need a trunk without class or register tokens
 (ViTDet drops the pretrained class token), which ``TimmViT`` builds when ``window_size > 0``; its
 tokens then go through the blocks as a grid (``..windows.forward_grid``).
 """
 import torch.nn as nn
 from timm.models.vision_transformer import Attention
 
+from ..adapt import adapt
 from ..windows import GridAttention
 
 __all__ = ['WindowedAttention', 'use_windows']
@@ -37,6 +38,4 @@ def use_windows(attn: nn.Module, window_size: int) -> WindowedAttention:
         raise TypeError(f'window attention takes timm\'s vision_transformer.Attention, got '
                         f'{type(attn).__name__}: this model has another attention; use '
                         'window_size=0.')
-    attn.__class__ = WindowedAttention
-    attn.window_size = window_size
-    return attn
+    return adapt(attn, WindowedAttention, window_size=window_size)

@@ -31,11 +31,16 @@ Everything else (LayerNorms, the MLP, dropouts, drop path) is timm's own module.
 Folding the attention costs O(C^3) per image whatever the number of tokens N, and on a GPU the
 extra kernels cost host time: on small inputs timm's forward is faster. ``xca_block_forward_auto``
 (the backbone's default) takes this path only where ``fast_path_helps`` says it is faster.
+
+The backbone's ``gram_xca`` switch gives its blocks one of the classes at the end
+(``GramXCABlock``, ``AutoGramXCABlock``, ``CompiledAutoGramXCABlock``: timm's ``XCABlock`` with
+one of these forwards) or timm's class back, in place (``..adapt``).
 """
 from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
+from timm.models.xcit import XCABlock
 
 from ....compat.torch import autocast_dtype, autocast_enabled
 from ....tracing import capturing_for_other_sizes
@@ -43,7 +48,8 @@ from ..timm_releases import drop_path_of
 
 __all__ = ['token_gram', 'fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward',
            'xca_block_inference', 'xca_block_forward_auto', 'xca_block_forward_auto_compiled',
-           'fast_path_helps', 'has_linear_qkv', 'default_chunk']
+           'fast_path_helps', 'has_linear_qkv', 'default_chunk', 'GramXCABlock',
+           'AutoGramXCABlock', 'CompiledAutoGramXCABlock']
 
 
 def has_linear_qkv(attn: nn.Module) -> bool:
@@ -217,7 +223,7 @@ def xca_block_forward_auto(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> t
     """``xca_block_forward`` where ``fast_path_helps(x)``, timm's ``XCABlock.forward`` elsewhere."""
     if fast_path_helps(x):
         return xca_block_forward(blk, x, H, W)
-    return type(blk).forward(blk, x, H, W)
+    return XCABlock.forward(blk, x, H, W)
 
 
 def xca_block_forward_auto_compiled(blk: nn.Module, x: torch.Tensor, H: int,
@@ -229,7 +235,7 @@ def xca_block_forward_auto_compiled(blk: nn.Module, x: torch.Tensor, H: int,
     the two on a GPU (docs/speed.md#what-does-compiling-give-on-a-gpu)."""
     if x.device.type == 'cpu':
         return xca_block_forward_auto(blk, x, H, W)
-    return type(blk).forward(blk, x, H, W)
+    return XCABlock.forward(blk, x, H, W)
 
 
 def xca_block_forward(blk: nn.Module, x: torch.Tensor, H: int, W: int) -> torch.Tensor:
@@ -377,3 +383,19 @@ def xca_block_inference(blk: nn.Module, x: torch.Tensor, H: int, W: int,
                 hid = mlp.act(torch.addmm(b1, blk.norm2(r).to(mm_dtype), w1t))
                 _add_linear_(r, r, mlp.norm(hid), w2t, b2)
     return out
+
+
+class GramXCABlock(XCABlock):
+    """timm's ``XCABlock`` through ``xca_block_forward`` (``gram_xca=True``)."""
+    forward = xca_block_forward
+
+
+class AutoGramXCABlock(XCABlock):
+    """timm's ``XCABlock`` through ``xca_block_forward_auto`` (``gram_xca='auto'``)."""
+    forward = xca_block_forward_auto
+
+
+class CompiledAutoGramXCABlock(XCABlock):
+    """timm's ``XCABlock`` through ``xca_block_forward_auto_compiled`` (``gram_xca='auto'`` with
+    ``compile_blocks``)."""
+    forward = xca_block_forward_auto_compiled

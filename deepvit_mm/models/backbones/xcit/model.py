@@ -10,7 +10,6 @@ The Q/K/V embedding of XCA is an option (``qkv_cfg``): timm's linear layer by de
 non-linear SNE, P-SNE and F-SNE embeddings of "Non-linear Q, K, V embeddings" (``.qkv``).
 """
 import dataclasses
-import types
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 import timm
@@ -19,9 +18,10 @@ import torch.nn as nn
 from timm.models.xcit import checkpoint_filter_fn
 
 from ....registry import register_model
+from ..adapt import adapt
 from ..arch_table import ArchTable
 from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
-from .fast import xca_block_forward, xca_block_forward_auto, xca_block_forward_auto_compiled
+from .fast import AutoGramXCABlock, CompiledAutoGramXCABlock, GramXCABlock
 from .qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
 
 __all__ = ['XCiT', 'XCiTArgs']
@@ -149,17 +149,13 @@ class XCiT(ColumnarBackbone):
         return pats
 
     def _apply_fast_path(self, mode: Union[bool, str]) -> None:
-        # The faster forward is installed on each block instance, so timm's own
-        # forward_intermediates (its gradient checkpointing included) and forward hooks on the
-        # blocks work unchanged; removing it restores timm's XCABlock.forward.
-        auto = xca_block_forward_auto if self.args.compile_blocks is None else \
-            xca_block_forward_auto_compiled
-        fwd = {True: xca_block_forward, 'auto': auto}.get(mode)
+        # each block gets the class of its forward (..adapt), so timm's own forward_intermediates
+        # (its gradient checkpointing included) and forward hooks on the blocks work unchanged;
+        # timm's XCABlock back restores its forward
+        auto = AutoGramXCABlock if self.args.compile_blocks is None else CompiledAutoGramXCABlock
+        cls = {True: GramXCABlock, 'auto': auto}.get(mode, self.block_type)
         for blk in self.trunk.blocks:
-            if fwd is None:
-                blk.__dict__.pop('forward', None)
-            else:
-                blk.forward = types.MethodType(fwd, blk)
+            adapt(blk, cls)
 
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
         return self.trunk.forward_intermediates(

@@ -56,38 +56,6 @@ def _in_place(mats: int) -> Callable[..., int]:
     return formula
 
 
-def _flop_counter(root: Optional[nn.Module]) -> fc.FlopCounterMode:
-    """FlopCounterMode (no display) keying counts by module path under ``root``'s class name.
-
-    torch 2.1's module tracking (``mods=``) flattens a module's inputs through an autograd
-    function, which breaks modules taking a tuple of maps (mmdet's FPN): there forward hooks
-    push and pop the counter's module stack instead."""
-    aten = torch.ops.aten
-    kwargs = dict(display=False, custom_mapping={aten.addmm_: _in_place(2),
-                                                 aten.baddbmm_: _in_place(3)})
-    if hasattr(fc, 'ModuleTracker') or root is None:
-        return fc.FlopCounterMode(**kwargs)
-
-    class HookedFlopCounter(fc.FlopCounterMode):
-        def __enter__(self):
-            base, self._handles = type(root).__name__, []
-            for name, module in root.named_modules():
-                path = f'{base}.{name}' if name else base
-                self._handles += [
-                    module.register_forward_pre_hook(lambda m, a, p=path: self.parents.append(p)),
-                    module.register_forward_hook(lambda m, a, o, p=path: self._leave(p))]
-            return super().__enter__()
-
-        def _leave(self, path: str) -> None:
-            del self.parents[len(self.parents) - 1 - self.parents[::-1].index(path)]
-
-        def __exit__(self, *args):
-            for handle in self._handles:
-                handle.remove()
-            return super().__exit__(*args)
-    return HookedFlopCounter(**kwargs)
-
-
 def _tensor_bytes(t: torch.Tensor) -> int:
     logical = t.numel() * t.element_size()
     try:  # an expanded or strided view reads no more than its storage
@@ -97,30 +65,47 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 
 
 class WorkCounter(TorchDispatchMode):
-    """The work of the calls made inside it: ``ops`` (an ``Op`` per aten operator below
-    autograd and autocast, so the backward's operators and autocast's casts are seen),
-    ``flops`` and ``bytes`` (their sums) and ``module_macs(root)``.
+    """The work of the calls made inside it, seen below autograd and autocast (the backward's
+    operators and autocast's casts are counted): ``ops`` (an ``Op`` per aten operator),
+    ``flops`` and ``bytes`` (their sums) and ``module_macs()``.
 
     Args:
-        root (nn.Module, optional): The module whose submodules ``module_macs`` keys.
+        root (nn.Module, optional): Whose modules ``module_macs`` keys (their forward hooks
+            track which are running; torch 2.1's ``FlopCounterMode(mods=)`` breaks modules
+            taking a tuple of maps, mmdet's FPN).
     """
 
     def __init__(self, root: Optional[nn.Module] = None) -> None:
         super().__init__()
-        self.root, self.counter, self.ops = root, _flop_counter(root), []
+        aten = torch.ops.aten
+        self.counter = fc.FlopCounterMode(display=False, custom_mapping={
+            aten.addmm_: _in_place(2), aten.baddbmm_: _in_place(3)})
+        self.root, self.ops, self._flops, self._running = root, [], {}, ['']
 
     def __enter__(self):
+        modules = self.root.named_modules() if self.root is not None else ()
+        self._hooks = [h for name, m in modules for h in (
+            m.register_forward_pre_hook(lambda *a, p=name: self._running.append(p)),
+            m.register_forward_hook(self._leave))]
         self.counter.__enter__()
         return super().__enter__()
 
+    def _leave(self, *args) -> None:  # a forward hook: returns None, the output stays
+        self._running.pop()
+
     def __exit__(self, *args):
         super().__exit__(*args)
+        for h in self._hooks:
+            h.remove()
         return self.counter.__exit__(*args)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         before = self.counter.get_total_flops()
         out = func(*args, **kwargs)
+        flops = self.counter.get_total_flops() - before
+        for path in set(self._running):
+            self._flops[path] = self._flops.get(path, 0) + flops
         name = func._schema.name.split('::')[-1]
         if name in _NO_TRAFFIC or any(r.alias_info is not None and not r.alias_info.is_write
                                       for r in func._schema.returns):  # a view
@@ -128,9 +113,8 @@ class WorkCounter(TorchDispatchMode):
         ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         floats = [a.dtype for a in ins if a.dtype.is_floating_point]
-        self.ops.append(Op(name, self.counter.get_total_flops() - before,
-                           sum(map(_tensor_bytes, ins + outs)), floats[0] if floats else None,
-                           outs[0].numel() if outs else 0))
+        self.ops.append(Op(name, flops, sum(map(_tensor_bytes, ins + outs)),
+                           floats[0] if floats else None, outs[0].numel() if outs else 0))
         return out
 
     @property
@@ -142,14 +126,9 @@ class WorkCounter(TorchDispatchMode):
         return sum(o.bytes for o in self.ops)
 
     def module_macs(self) -> Dict[str, int]:
-        """Multiply-adds per module of ``root`` (``''``: all of them, then ``named_modules``
-        paths of the modules that ran a counted operator)."""
-        prefix = type(self.root).__name__
-        out = {key[len(prefix) + 1:]: sum(ops.values()) // 2
-               for key, ops in self.counter.get_flop_counts().items()
-               if key.startswith(prefix + '.')}
-        out[''] = self.counter.get_total_flops() // 2
-        return out
+        """Multiply-adds per module path of ``root`` that ran a counted operator (``''``: the
+        whole call)."""
+        return {path: f // 2 for path, f in self._flops.items() if f or not path}
 
 
 def count_macs(run: Callable[[], object], root: nn.Module) -> Dict[str, int]:

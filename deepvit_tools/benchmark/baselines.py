@@ -1,16 +1,7 @@
-"""What our backbones are timed against, each built from the backbone it is compared with.
-
-A baseline is an ``nn.Module`` built as ``Baseline(backbone, size, batch)`` whose ``forward(x)``
-returns a tuple of tensors (a scalar loss is their means' sum). ``checks_output`` says whether its
-outputs must equal the backbone's (then the comparison reports their largest relative
-difference). ``BASELINES`` names them for ``measure.compare``; adding a comparison column is adding
-a class here.
-
-* ``timm`` (``TimmBaseline``): timm's own ``forward_intermediates`` on the same trunk weights,
-  then the *same* adapter module: the standard model's cost of the very same computation.
-* ``floor`` (``GemmFloor``): only the standard model's block GEMMs (and CaiT's attention
-  products), as plain ``torch.mm``/``bmm`` on the same shapes: a lower bound no implementation of
-  the blocks goes below on this machine.
+"""What our backbones are timed against, each built as ``Baseline(backbone, size, batch)`` from
+the backbone it is compared with; ``forward(x)`` returns tensors, ``checks_output`` says whether
+they must equal ours. ``BASELINES`` names them for ``compare``: ``timm`` (``TimmBaseline``) and
+``floor`` (``GemmFloor``).
 """
 from typing import Dict, Tuple, Type
 
@@ -58,18 +49,17 @@ def _timm_cait(backbone: nn.Module, grid: Tuple[int, int]) -> nn.Module:
 
 
 class TimmBaseline(nn.Module):
-    """timm's ``forward_intermediates`` on our backbone's trunk weights, then the same adapter.
+    """timm's ``forward_intermediates`` on our backbone's trunk weights, then the same adapter
+    (shared, not copied): the standard model's cost of the very same computation.
 
     XCiT: timm's ``Xcit`` by its registered name. CaiT: timm's ``Cait`` built at the input's
     patch grid (timm's runs only at the grid it is built for) with our position embedding
-    resampled to that grid once, here; ours resamples it in each training forward (inference
-    caches it), which its time includes.
+    resampled to that grid once, here (ours resamples it in each training forward).
 
     Args:
-        backbone (nn.Module): An XCiT or CaiT backbone; its adapter is shared, not copied, its
-            trunk weights are copied.
+        backbone (nn.Module): The backbone compared with.
         size (tuple[int, int]): Input ``(H, W)``.
-        batch (int): Images per call (unused: timm's model takes any batch). Default: 1.
+        batch (int): Images per call. Default: 1.
     """
     checks_output = True
     _builders = {'XCiT': _timm_xcit, 'CaiT': _timm_cait}
@@ -111,20 +101,18 @@ class TimmBaseline(nn.Module):
 
 
 class GemmFloor(nn.Module):
-    """The standard model's block GEMMs as plain ``torch.mm`` / ``torch.bmm`` on the same shapes.
+    """The standard model's block GEMMs as plain ``torch.mm`` / ``torch.bmm`` on the same shapes:
+    a floor no implementation of the blocks goes below.
 
-    Per trunk block, on ``B * N`` tokens of ``C`` channels: qkv ``(C, 3C)``, proj ``(C, C)``, fc1
-    ``(C, 4C)``, fc2 ``(4C, C)``, i.e. ``12 N C^2`` multiply-adds per image and block; fc2's output
-    feeds the next block. Where attention mixes tokens (CaiT), also its two products per head,
-    ``q k^T`` and ``attn v``, over the block's own attention span (all ``N`` tokens, or each
-    window of a windowed block): ``2 N n C`` multiply-adds per image and block for spans of ``n``
-    tokens. In a training step autograd adds each product's two backward products (the inputs'
-    gradients). XCiT's ``C x C`` per-head products, CaiT's talking-heads mixing, softmax and
-    everything outside the blocks (patch embedding, adapter) are left out: it is a floor, not a
-    model.
+    Per block on ``B * N`` tokens of ``C`` channels: qkv ``(C, 3C)``, proj ``(C, C)``, fc1
+    ``(C, 4C)``, fc2 ``(4C, C)`` (fc2's output feeds the next block); where attention mixes
+    tokens (CaiT) also ``q k^T`` and ``attn v`` per head over the block's span (all tokens or a
+    window). XCiT's per-head ``C x C`` products, talking-heads mixing, softmax, the patch
+    embedding and the adapter are left out. A training step adds autograd's two backward
+    products per product.
 
     Args:
-        backbone (nn.Module): The backbone whose trunk's shapes are taken.
+        backbone (nn.Module): The backbone compared with.
         size (tuple[int, int]): Input ``(H, W)``.
         batch (int): Images per call. Default: 1.
     """
@@ -169,8 +157,7 @@ class GemmFloor(nn.Module):
 
     @property
     def multiply_adds(self) -> int:
-        """Forward multiply-adds per call: ``blocks * 12 * tokens * C^2`` plus the attention
-        products (``2 * groups * span^2 * head dim`` a block) where attention mixes tokens."""
+        """Forward multiply-adds per call."""
         gemm = sum(w.shape[0] * w.shape[1] for w in self.weights) * self.tokens
         return gemm + sum(2 * g * n * n * d for g, n, d in self.spans)
 

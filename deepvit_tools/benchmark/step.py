@@ -1,24 +1,14 @@
-"""Where a training step's time goes: a detector's or segmentor's step split into its parts.
+"""Where a detector's or segmentor's training step spends its time, part by part (CPU).
 
-``profile_train_step`` runs the step a part at a time: each part's forward takes its inputs as
-leaves (``detach().requires_grad_()``) and its backward is run with the gradients the parts after
-it produced, so that each part's forward and backward are timed alone while the gradients that
-reach every parameter are those of ``model.train_step`` (losses are summed: each head's
-backward can run on its own). The same run times whole ``model.train_step`` calls, interleaved
-with the split ones, so a report shows how far the split's sum is from a real step.
-
-Parts: ``data`` (the data preprocessor), ``backbone``, ``neck``, then a detector's ``rpn`` and
-``roi`` heads (two-stage), ``head`` (one-stage), or a segmentor's ``decode`` and ``aux`` heads;
-``optimizer`` (gradient clipping, the update and ``zero_grad``).
-
-Each part is also held against its floor, in float32: one more split step runs under
-``torch.profiler`` (``breakdown.profiled_work``) and torch's ``FlopCounterMode``, which count each
-part's multiply-adds (matrix products and convolutions, backward included) and the bytes its
-memory-bound operators read and write; the floor is the multiply-adds at this machine's GEMM rate
-plus the bytes at its streaming rate, both timed in the same run (a float32 product of the
-backbone's token map with a 4x wider weight, as its MLP does, and ``torch.add`` over a map of that
-size). Smaller products (the heads') run below that rate, so the floor is a lower bound, not a
-target.
+``split_backward`` runs the step a part at a time: each part's forward takes its inputs as
+leaves and its backward runs with the gradients the later parts produced, so each part is timed
+alone while every parameter gets ``model.train_step``'s gradient. Parts: ``data``, ``backbone``,
+``neck``, a detector's ``rpn`` and ``roi`` (or ``head``) or a segmentor's ``decode`` and ``aux``
+heads, ``optimizer``. Whole ``train_step`` calls are timed interleaved, as the check on the sum.
+Each part's floor (float32): its multiply-adds (``flops.WorkCounter``, one more split step) at
+the GEMM rate of the backbone's MLP shape plus the bytes of its operators without FLOPs at the
+streaming rate (``roofline.device_rates``, same run); the heads' smaller products run below that
+rate, so it is a lower bound, not a target.
 """
 import copy
 import statistics
@@ -60,8 +50,7 @@ class _Clock:
 
 
 class _WorkClock(_Clock):
-    """Counts each part's work (``flops.WorkCounter``) instead of timing it: multiply-adds and
-    bytes per ``(part, phase)``."""
+    """Counts each part's work instead: multiply-adds and bytes moved without FLOPs."""
 
     def __init__(self):
         super().__init__()
@@ -72,7 +61,7 @@ class _WorkClock(_Clock):
             out = fn()
         work = self.work.setdefault((part, phase), dict(macs=0, bytes=0))
         work['macs'] += counter.flops // 2
-        work['bytes'] += counter.bytes
+        work['bytes'] += sum(o.bytes for o in counter.ops if not o.flops)
         return out
 
 
@@ -131,8 +120,7 @@ def split_backward(model: nn.Module, data: dict, task: str,
 
 
 def _split_step(model, data, optim_wrapper, task: str, clock: Optional[_Clock] = None) -> _Clock:
-    """A whole training step a part at a time (``split_backward``, then the optimizer), through
-    ``clock`` (default: a timing ``_Clock``)."""
+    """``split_backward``, then the optimizer, through ``clock`` (default: a timing one)."""
     clock = clock or _Clock()
     split_backward(model, data, task, clock)
     clock('optimizer', '', lambda: (optim_wrapper.step(), optim_wrapper.zero_grad()))
@@ -143,29 +131,18 @@ def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_s
                        num_objects: int = 10, steps: int = 3, warmup: int = 1,
                        cfg_options: Optional[dict] = None, seed: int = 0,
                        dtype: str = 'fp32') -> dict:
-    """Time a config's training step by part on CPU, next to whole ``model.train_step`` calls.
+    """Time a config's training step by part on CPU: ``warmup`` then ``steps`` of each kind,
+    split and whole ``model.train_step`` alternating, on one synthetic batch of ``batch_size``
+    images of ``size`` with ``num_objects`` instances each (detectors).
 
-    Steps alternate (split, whole, split, whole, ...) after ``warmup`` of each; the median of
-    each is reported. The model trains on the same synthetic batch throughout (its weights move:
-    the cost of a step does not depend on them).
-
-    Args:
-        config (str): An mmdet or mmseg config with a deepvit_mm backbone.
-        size (tuple[int, int]): Image ``(H, W)``. Default: ``(800, 1344)``.
-        batch_size (int): Images in the batch. Default: 1.
-        num_objects (int): Ground-truth instances per image (detectors). Default: 10.
-        steps (int): Timed steps of each kind. Default: 3.
-        warmup (int): Untimed steps of each kind first. Default: 1.
-        cfg_options (dict, optional): Config overrides.
-        seed (int): Seed of the weights and the batch. Default: 0.
-        dtype (str): ``'fp32'`` (``OptimWrapper``) or ``'bf16'`` (``CPUAmpOptimWrapper``'s
-            bfloat16 autocast, the split steps under the same autocast), whatever the config's
-            wrapper. The floors are float32's. Default: ``'fp32'``.
+    ``dtype``: ``'fp32'`` (``OptimWrapper``) or ``'bf16'`` (``CPUAmpOptimWrapper``'s bfloat16
+    autocast, the split steps under it too), whatever the config's wrapper; the floors are
+    float32's.
 
     Returns:
-        dict: ``parts`` (``{part: {'fwd', 'bwd', 'total'}}`` median seconds), ``split_sum``,
-        ``whole_step`` (median seconds of ``model.train_step``), ``config``, ``size``,
-        ``batch_size``, ``threads``.
+        dict: ``parts`` and ``floors`` (``{part: {'fwd', 'bwd', 'total'}}`` median seconds),
+        ``split_sum``, ``floor_sum``, ``whole_step``, ``gemm_rate`` (multiply-adds/s),
+        ``stream_rate`` (bytes/s) and the settings.
     """
     from mmengine.optim import build_optim_wrapper
     if dtype not in ('fp32', 'bf16'):
@@ -183,8 +160,7 @@ def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_s
     optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     data = synthetic_data(task, tuple(size), batch_size, num_classes_of(model, task),
                           num_objects, seed)
-    split: List[Dict[Tuple[str, str], float]] = []
-    whole: List[float] = []
+    split, whole = [], []
     for i in range(warmup + steps):
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16):
             times = _split_step(model, data, optim_wrapper, task).times
@@ -193,17 +169,14 @@ def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_s
         if i >= warmup:
             split.append(times)
             whole.append(time.perf_counter() - t0)
-    keys = list(split[0])
-    med = {k: statistics.median(t.get(k, 0.0) for t in split) for k in keys}
-    # the floors: one more split step, profiled (float32)
+    med = {k: statistics.median(t.get(k, 0.0) for t in split) for k in split[0]}
     clock = _split_step(model, data, optim_wrapper, task, _WorkClock())
     inputs, p = model.data_preprocessor(data, True)['inputs'], model.backbone.patch_size
     tokens = inputs.shape[0] * -(-inputs.shape[-2] // p) * -(-inputs.shape[-1] // p)
     c = model.backbone.embed_dim
     rates = device_rates('cpu', gemm=(tokens, c, 4 * c), stream=tokens * 4 * c)
     gemm_rate, stream_rate = rates[torch.float32] / 2, rates['copy']
-    parts: Dict[str, Dict[str, float]] = {}
-    floors: Dict[str, Dict[str, float]] = {}
+    parts, floors = {}, {}
     for (part, phase), sec in med.items():
         work = clock.work.get((part, phase), dict(macs=0, bytes=0))
         parts.setdefault(part, {})[phase or 'total'] = sec

@@ -67,6 +67,11 @@ def test_pass_cost_counts_the_products_and_bytes_of_each_operator():
     train = bm.pass_cost(lambda: lin(xg).sum().backward())
     assert train['flops'] == 3 * fwd['flops']  # the backward's two products are counted
     assert {op[3] for op in train['ops'] if op[1]} == {torch.float32}
+    # in place (XCiT's fast path): no formula in FlopCounterMode, counted all the same
+    out, w = torch.zeros(m, n), torch.randn(k, n)
+    inplace = bm.pass_cost(lambda: out.addmm_(x, w))
+    assert inplace['flops'] == 2 * m * k * n
+    assert inplace['ops'][0].elements == m * n
 
 
 def test_roofline_sums_each_operator_at_its_limit():
@@ -78,7 +83,11 @@ def test_roofline_sums_each_operator_at_its_limit():
     assert r['compute_ms'] == pytest.approx(3e3) and r['memory_ms'] == pytest.approx(5.0)
     assert (r['gflop'], r['gbyte']) == (3e3, 5.0)
     rates = bm.device_rates('cpu', (torch.float32,), n=128, repeats=1)
-    assert rates[torch.float32] > 0 and rates['copy'] > 0
+    assert rates.keys() == {torch.float32, 'copy'} and min(rates.values()) > 0
+    rates = bm.device_rates('cpu', (torch.float32, torch.bfloat16), gemm=(96, 64, 256),
+                            stream=4096, repeats=1, gelu=True)
+    assert rates.keys() == {torch.float32, torch.bfloat16, 'copy', 'gelu'}
+    assert min(rates.values()) > 0
 
 
 @pytest.mark.parametrize('config,cfg_options,parts', [
@@ -151,6 +160,18 @@ def test_op_breakdown_counts_the_block_products_and_sums_to_the_pass():
     xca = 8 * 2 * n * c * d  # q k^T and attn v per block, over tokens
     assert res['kinds']['matrix products']['macs'] == floor.multiply_adds + adapter + xca
     assert res['floor_macs'] == floor.multiply_adds
+    assert res['floor_s'] == pytest.approx(floor.multiply_adds / res['gemm_rate'])
+    # the kinds' work is the one count of the pass: the roofline's multiply-adds and bytes
+    torch.manual_seed(0)
+    model = bm.build_backbone('nano_12_p16', gram_xca=False, out_indices=(1, 3, 5, 7)).eval()
+    x = bm.backbone_input((64, 96), 1)
+    with torch.no_grad():
+        model(x)  # a first call caches what later ones reuse (position encodings)
+        cost = bm.pass_cost(lambda: model(x))
+    assert sum(k['macs'] for k in res['kinds'].values()) == cost['flops'] // 2
+    assert sum(k['bytes'] for k in res['kinds'].values()) == cost['bytes'] > 0
+    norm = res['kinds']['normalisation']
+    assert norm['floor_s'] == pytest.approx(norm['bytes'] / res['stream_rate'])
     assert sum(k['seconds'] for k in res['kinds'].values()) == pytest.approx(res['total_s'])
     assert {'matrix products', 'convolutions', 'GELU', 'normalisation'} <= res['kinds'].keys()
     assert res['kinds']['GELU']['elements'] >= 8 * 24 * 4 * 128  # the MLPs' hidden maps

@@ -7,7 +7,7 @@
 # 8 x 4200 x 4200 maps per block (tens of GB per image), so, as ViTDet does for ViT, the blocks
 # attend within 14x14-patch windows (the 224-pretraining grid) except the four tapped blocks,
 # which stay global; gradient checkpointing keeps one block's activations at a time (measured:
-# see the notes of the CaiT backbone, tools/analysis/benchmark_memory.py).
+# docs/cait.md).
 #
 # Children set `arch`, `embed_dim` and `pretrained` *and* the model fields that use them (mmengine
 # evaluates this file before the child, so changing a variable alone changes nothing).

@@ -6,14 +6,13 @@ from .baselines import BASELINES, GemmFloor, TimmBaseline
 from .batches import backbone_input, synthetic_batch, synthetic_data
 from .breakdown import breakdown_markdown, op_breakdown
 from .compare import compare, compare_grid
-from .config_runs import evaluate_checkpoint, measure_train_step
 from .isolation import IsolatedError, run_isolated
 from .measure import (
                       COMPARE_MODES,
                       DTYPES,
                       PASSES,
                       Case,
-                      interleaved,
+                      evaluate_checkpoint,
                       measure,
                       measure_grid,
                       measure_isolated,
@@ -28,8 +27,8 @@ from .step import profile_train_step, step_markdown
 
 __all__ = ['BASELINES', 'GemmFloor', 'TimmBaseline', 'backbone_input', 'synthetic_batch',
            'synthetic_data', 'IsolatedError', 'run_isolated', 'COMPARE_MODES', 'DTYPES', 'PASSES',
-           'Case', 'compare', 'compare_grid', 'evaluate_checkpoint', 'interleaved', 'measure',
-           'measure_grid', 'measure_isolated', 'measure_train_step', 'parse_size', 'timings',
+           'Case', 'compare', 'compare_grid', 'evaluate_checkpoint', 'measure',
+           'measure_grid', 'measure_isolated', 'parse_size', 'timings',
            'current_rss', 'peak_memory', 'peak_rss', 'reset_peak_rss', 'tensor_peak',
            'backbone_family', 'build_backbone', 'build_from_config', 'is_config', 'load_config',
            'comparison_rows', 'environment', 'fmt', 'markdown_table', 'size_str', 'write_report',

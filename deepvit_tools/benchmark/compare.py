@@ -9,6 +9,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+from torch.utils.benchmark import set_torch_threads
 
 from deepvit_mm.deploy.parity import max_rel_err
 from deepvit_mm.engine.allocator import release_free_memory
@@ -23,7 +24,6 @@ from .measure import (
     measure_isolated,
     pass_runner,
     timings,
-    torch_threads,
 )
 from .memory import peak_memory
 from .models import build_backbone, speed_options
@@ -106,7 +106,7 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
     """
     backbone_kwargs = dict(backbone_kwargs or {})
     device = str(device)
-    with torch_threads(threads), _settings(compile):
+    with set_torch_threads(threads or torch.get_num_threads()), _settings(compile):
         torch.manual_seed(0)
         ours = build_backbone(arch, **backbone_kwargs)
         for m in ours.modules():  # non-trivial BN statistics, so that the check covers them

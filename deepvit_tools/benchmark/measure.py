@@ -7,6 +7,8 @@ its thread setting (``set_torch_threads``), its ``Measurement`` (median, IQR, ev
 ``blocked_autorange`` add two or more untimed calls per sample, which the documented
 ``--warmup 0 --repeats 1`` (one call of a pass that takes minutes) cannot afford.
 """
+import numbers
+import os
 import re
 import statistics
 import time
@@ -16,24 +18,33 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+from mmengine.optim import build_optim_wrapper
 from torch.utils.benchmark import Measurement, TaskSpec, set_torch_threads, timer
 
 from deepvit_mm.engine.optimizers.cpu_amp_optim_wrapper import cpu_float16_training_problem
 
 from .baselines import BASELINES
-from .batches import backbone_input, synthetic_batch
+from .batches import backbone_input, synthetic_batch, synthetic_data
 from .isolation import IsolatedError, run_isolated
 from .memory import peak_memory, tensor_peak
-from .models import backbone_info, build_backbone, build_from_config, is_config, model_label
+from .models import (
+    backbone_info,
+    build_backbone,
+    build_from_config,
+    is_config,
+    load_config,
+    model_label,
+    num_classes_of,
+)
 
 __all__ = ['PASSES', 'DTYPES', 'COMPARE_MODES', 'Case', 'parse_size', 'autocast_for', 'pass_runner',
-           'timings', 'interleaved', 'time_calls', 'torch_threads', 'measure', 'measure_isolated',
-           'measure_grid']
+           'timings', 'measure', 'measure_isolated', 'measure_grid', 'evaluate_checkpoint']
 
-PASSES = ('fwd', 'train')
+PASSES = ('fwd', 'train', 'step')
 DTYPES = ('fp32', 'bf16', 'fp16')
 AUTOCAST_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
-COMPARE_MODES = tuple((mode, dtype) for mode in PASSES for dtype in DTYPES)
+COMPARE_MODES = tuple((mode, dtype) for mode in PASSES[:2] for dtype in DTYPES)
+STEP_OBJECTS = 10  # ground-truth instances per image of a detector's training step
 
 
 @dataclass
@@ -45,7 +56,10 @@ class Case:
         size (tuple[int, int]): Input ``(H, W)``.
         batch (int): Images per call. Default: 1.
         dtype (str): ``fp32``, ``bf16`` or ``fp16`` (autocast). Default: ``fp32``.
-        mode (str): ``fwd`` (inference) or ``train`` (forward + backward). Default: ``fwd``.
+        mode (str): ``fwd`` (inference), ``train`` (forward + backward) or, for a config,
+            ``step`` (``model.train_step`` on a raw synthetic batch with ``STEP_OBJECTS``
+            instances: training preprocessor, forward, backward, the config's optimizer step;
+            its precision is the config's, so ``dtype`` stays ``fp32``). Default: ``fwd``.
         device (str): ``cpu`` or ``cuda``. Default: ``cpu``.
         threads (int): Torch threads; 0: torch's default. Default: 0.
         warmup (int): Calls before timing, the memory-measuring first call included. Default: 1.
@@ -83,6 +97,9 @@ class Case:
         if self.impl != 'ours' and is_config(self.model):
             raise ValueError(f'the {self.impl} baseline exists for backbone archs, not for config '
                              'models')
+        if self.mode == 'step' and (self.dtype != 'fp32' or not is_config(self.model)):
+            raise ValueError("pass 'step' is a config's model.train_step in the config's own "
+                             'precision: give a config and dtype fp32')
         if self.batch < 1 or min(self.size) < 1:
             raise ValueError(f'batch {self.batch} and size {self.size} must be positive')
 
@@ -157,28 +174,18 @@ def timings(runs: Dict[str, Callable[[], object]], warmup: int = 1, repeats: int
                            metadata=dict(cpu_times=cpu[k])) for k in names}
 
 
-def interleaved(runs: Dict[str, Callable[[], object]], device: str = 'cpu', warmup: int = 1,
-                repeats: int = 3) -> Dict[str, List[float]]:
-    """``timings``' seconds per call, by name (``device``: its clock synchronises it)."""
-    return {k: m.times for k, m in timings(runs, warmup, repeats).items()}
-
-
-def time_calls(run: Callable[[], object], device: str, n: int) -> List[float]:
-    """Seconds of each of ``n`` calls of ``run`` (``timings`` of one run, no warm-up)."""
-    return interleaved({'run': run}, device, 0, n)['run']
-
-
-def torch_threads(n: int):
-    """``set_torch_threads(n)`` for n > 0; torch's threads left as they are for 0."""
-    return set_torch_threads(n) if n > 0 else nullcontext()
-
-
 def _prepare(case: Case) -> Tuple[Callable[[], None], dict]:
     """One pass of ``case``'s model built on its device, and what a report says about it."""
     torch.manual_seed(0)
     if is_config(case.model):
-        model, task = build_from_config(case.model, case.cfg_options)
+        cfg = load_config(case.model, case.cfg_options)
+        model, task = build_from_config(cfg)
         model = model.to(case.device)
+        if case.mode == 'step':
+            optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+            data = synthetic_data(task, case.size, case.batch, num_classes_of(model, task),
+                                  STEP_OBJECTS)
+            return lambda: model.train(True).train_step(data, optim_wrapper), dict(task=task)
         inputs, samples = synthetic_batch(model, task, case.size, case.batch)
         mode = 'tensor' if case.mode == 'fwd' else 'loss'
         return pass_runner(model, lambda: model(inputs, samples, mode=mode), case.mode,
@@ -209,7 +216,7 @@ def measure(case: Case, memory: bool = True) -> dict:
                mem_peak_mib=None, mem_method=None, tensor_peak_mib=None, first_call_ms=None,
                latency_ms=None, latency_iqr_ms=None, latency_min_ms=None, throughput=None,
                cpu_ms=None, latencies_ms=[], measurement=None)
-    with torch_threads(case.threads):
+    with set_torch_threads(case.threads or torch.get_num_threads()):
         out['threads'] = torch.get_num_threads()
         run, out['info'] = _prepare(case)
         first: Optional[Tuple[float, float]] = None
@@ -267,3 +274,36 @@ def measure_grid(models: Sequence[str], sizes: Sequence[Tuple[int, int]],
                         f'failed: {r["error"]}' if r.get('error') else
                         f'{r["latency_ms"] or 0:.1f} ms, {r["peak_mem_mib"] or 0:.0f} MiB'))
     return rows
+
+
+def _test(config: str, checkpoint: str, work_dir: str, cfg_options: Optional[dict]) -> dict:
+    # tools/test.py's main() without its display options: the same calls in order
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+
+    from deepvit_mm.apis import prepare_config
+    from deepvit_mm.engine import keep_freed_cpu_memory, setup_cpu_distributed
+    if not torch.cuda.is_available():
+        keep_freed_cpu_memory()  # process-wide, as tools/test.py: this process only
+    cfg = prepare_config(config, work_dir=work_dir, cfg_options=cfg_options, load_from=checkpoint)
+    setup_cpu_distributed(cfg)
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    return {k: float(v) for k, v in runner.test().items() if isinstance(v, numbers.Real)}
+
+
+def evaluate_checkpoint(config: str, checkpoint: str, work_dir: str,
+                        cfg_options: Optional[dict] = None, timeout: Optional[float] = None
+                        ) -> Dict[str, float]:
+    """``checkpoint``'s metrics on ``config``'s test set as ``tools/test.py`` computes them
+    (``prepare_config``, then mmengine's ``Runner.test``), in a fresh process; logs into
+    ``work_dir``.
+
+    Raises:
+        FileNotFoundError: The checkpoint or config does not exist.
+        IsolatedError: The evaluation failed.
+    """
+    for path, what in ((checkpoint, 'checkpoint'), (config, 'config')):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f'{what} not found: {path!r}')
+    return run_isolated(_test, config, checkpoint, work_dir, cfg_options,
+                        device='cuda' if torch.cuda.is_available() else 'cpu', timeout=timeout)

@@ -19,7 +19,8 @@ __all__ = ['environment', 'fmt', 'size_str', 'markdown_table', 'comparison_rows'
 # benchmark.csv's columns, in order
 ROW_FIELDS = ['label', 'size', 'batch', 'dtype', 'mode', 'impl', 'device', 'threads', 'warmup',
               'repeats', 'latency_ms', 'latency_iqr_ms', 'latency_min_ms', 'throughput', 'cpu_ms',
-              'peak_mem_mib', 'mem_method', 'first_call_ms', 'error']
+              'peak_mem_mib', 'mem_before_mib', 'mem_peak_mib', 'tensor_peak_mib', 'mem_method',
+              'first_call_ms', 'error']
 # compare.csv's first columns; every other figure of a comparison follows them
 COMPARE_FIELDS = ['label', 'size', 'batch', 'pass', 'ours_ms', 'timm_ms', 'ratio']
 

@@ -32,14 +32,19 @@ def parse_args(argv=None):
     p.add_argument('--sizes', nargs='+', help='input sizes, N or HxW (default: 512 1024)')
     p.add_argument('--batch', type=int, default=1, help='images per call (default: 1)')
     p.add_argument('--dtypes', nargs='+', choices=['fp32', 'bf16', 'fp16'],
-                   default=['fp32', 'bf16'], help='autocast dtypes (default: fp32 bf16)')
-    p.add_argument('--passes', nargs='+', choices=['fwd', 'train'], default=['fwd', 'train'],
-                   help="'fwd' inference, 'train' forward + backward (default: both)")
+                   help='autocast dtypes (default: fp32 bf16; --passes step: fp32)')
+    p.add_argument('--passes', nargs='+', choices=['fwd', 'train', 'step'],
+                   default=['fwd', 'train'], help="'fwd' inference, 'train' forward + backward, "
+                   "'step' (--config) model.train_step with its optimizer (default: fwd train)")
     p.add_argument('--device', default='auto', choices=['auto', 'cpu', 'cuda'])
     p.add_argument('--threads', type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument('--warmup', type=int, help='untimed calls, the memory-measuring first call '
                                               'included (default: 2; --quick: 0)')
     p.add_argument('--repeats', type=int, help='timed calls (default: 5; --quick: 1)')
+    p.add_argument('--tensor-peak', action='store_true',
+                   help="also the first call's tensor peak from torch.profiler")
+    p.add_argument('--mem-limit-gb', type=float, default=0.0,
+                   help='address-space cap (GiB) of each measuring process on CPU; 0: none')
     p.add_argument('--compare-timm', action='store_true',
                    help="also time each --arch against timm's forward_intermediates + the same "
                         'adapter on the same weights, interleaved: ratios, memory, output error')
@@ -64,6 +69,10 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
     args.arch = args.arch or ([] if args.config else preset['arch'])
+    args.dtypes = args.dtypes or (['fp32'] if 'step' in args.passes else ['fp32', 'bf16'])
+    if 'step' in args.passes and (args.arch or args.dtypes != ['fp32']):
+        p.error("--passes step is a config's model.train_step in its own precision: give "
+                '--config without --arch, and --dtypes fp32')
     for key in ('sizes', 'warmup', 'repeats'):
         if getattr(args, key) is None:
             setattr(args, key, preset[key])
@@ -117,7 +126,9 @@ def main(argv=None):
                     warmup=args.warmup, repeats=args.repeats)
     models = [] if args.compare_only else args.arch + ([args.config] if args.config else [])
     rows = bm.measure_grid(models, sizes, args.dtypes, args.passes, timeout=args.timeout,
-                           log=print, cfg_options=options, **settings)
+                           log=print, cfg_options=options, tensor_peak=args.tensor_peak,
+                           mem_limit_gib=args.mem_limit_gb if args.device == 'cpu' else 0.0,
+                           **settings)
     comparisons = []
     if args.compare_timm:
         comparisons = bm.compare_grid(

@@ -9,7 +9,7 @@ from conftest import EARLY, SMALL_GRID, family_archs
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepvit_mm import ColumnarBackbone, TimmViT, XCiT
-from deepvit_mm.models.backbones import checks, columnar
+from deepvit_mm.models.backbones import checks, memory
 
 # the operators that make the host wait for the device: reading a value (.item(), bool(t),
 # int(t)), nonzero (its output's size is a value), and copies to the CPU
@@ -47,7 +47,7 @@ def device_calls(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, 'mem_get_info', counting('mem_get_info', lambda *a: (0, 0)))
     monkeypatch.setattr(torch.cuda, 'synchronize', counting('synchronize', lambda *a: None))
-    monkeypatch.setattr(columnar, 'free_memory', counting('free_memory', checks.free_memory))
+    monkeypatch.setattr(memory, 'free_memory', counting('free_memory', checks.free_memory))
     return counts
 
 

@@ -48,7 +48,9 @@ from ....registry import register_model
 from ....tracing import capturing_for_other_sizes
 from ..adapt import adapt
 from ..arch_table import ArchTable
-from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
+from ..arguments import ColumnarArgs, even_taps
+from ..columnar import ColumnarBackbone
+from ..families import count_blocks
 from ..windows import WindowArgs, Windowed, check_windows
 from .window_attention import CPU_QUERY_CHUNK, GridTalkingHeadAttn, default_query_chunk
 

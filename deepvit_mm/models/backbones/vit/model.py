@@ -41,7 +41,9 @@ from timm.models import beit, eva, vision_transformer
 
 from ....registry import register_model
 from ..arch_table import ArchTable
-from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
+from ..arguments import ColumnarArgs, even_taps
+from ..columnar import ColumnarBackbone
+from ..families import count_blocks
 from ..timm_releases import create_model
 from ..windows import WindowArgs, Windowed, check_windows
 from .window_attention import use_windows

@@ -20,7 +20,9 @@ from timm.models.xcit import checkpoint_filter_fn
 from ....registry import register_model
 from ..adapt import adapt
 from ..arch_table import ArchTable
-from ..columnar import ColumnarArgs, ColumnarBackbone, count_blocks, even_taps
+from ..arguments import ColumnarArgs, even_taps
+from ..columnar import ColumnarBackbone
+from ..families import count_blocks
 from .fast import AutoGramXCABlock, CompiledAutoGramXCABlock, GramXCABlock
 from .qkv import normalize_qkv_cfg, qkv_cfg_from_state_dict, set_qkv_embed
 

@@ -212,18 +212,6 @@ def _params(m: nn.Module) -> int:
     return sum(p.numel() for p in m.parameters())
 
 
-def _proposals(n: int, shape: Tuple[int, int]):
-    """``n`` fixed boxes of sizes 16..512 over an image of ``shape`` (the count ignores their
-    values)."""
-    from mmengine.structures import InstanceData
-    g, (h, w) = torch.Generator().manual_seed(0), shape
-    size = torch.minimum(2 ** (4 + 5 * torch.rand(n, 2, generator=g)),
-                         torch.tensor([w - 1.0, h - 1.0]))
-    x0 = torch.rand(n, generator=g) * (w - size[:, 0])
-    y0 = torch.rand(n, generator=g) * (h - size[:, 1])
-    return InstanceData(bboxes=torch.stack([x0, y0, x0 + size[:, 0], y0 + size[:, 1]], dim=1))
-
-
 @contextlib.contextmanager
 def _empty_roi_features(roi_head: nn.Module):
     """Each RoI extractor (mmdet's ``SingleRoIExtractor`` or a subclass: RoIAlign, not counted)
@@ -283,9 +271,11 @@ def model_flops(model: nn.Module, task: str, shape: Tuple[int, int], label: str 
     if roi_head is not None:
         n = int(((getattr(model, 'test_cfg', None) or {}).get('rpn') or {}).get('max_per_img',
                                                                                 1000))
+        from mmengine.structures import InstanceData
         small = [torch.empty(1, f.shape[1], 16, 16, device='meta') for f in feats]  # any size
+        boxes = [InstanceData(bboxes=torch.zeros(n, 4))]  # their values change no count
         with _empty_roi_features(roi_head):
-            flops = count_macs(lambda: roi_head(small, [_proposals(n, shape)]), roi_head)['']
+            flops = count_macs(lambda: roi_head(small, boxes), roi_head)['']
         report.parts['roi_head'] = Part(
             _params(roi_head), flops,
             note=f'{n} RoIs' + (f', masks on {min(n, _MASK_ROIS)}' if roi_head.with_mask else ''))

@@ -195,7 +195,6 @@ class ColumnarArguments:
                              'blocks used).')
         ColumnarPyramid.check_strides(args.tap_stride, args.out_strides)
 
-
     # what the arguments fixed (``self.args``): plain properties, which torch 2.1's dynamo guards
     # (a property made by a function would hold its name in a closure, which 2.1 cannot guard)
     @property

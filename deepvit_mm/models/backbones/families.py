@@ -25,7 +25,6 @@ class CheckpointFamilies:
         if cls.arch_zoo is not ColumnarArguments.arch_zoo:  # a table: a family (nothing read)
             cls.families.append(cls)
 
-
     @classmethod
     def state_dict_traits(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[Dict[str, int]]:
         """The ``ArchSpec`` fields that tell this family's archs apart (``embed_dim``, ``depth``,
@@ -50,7 +49,6 @@ class CheckpointFamilies:
             return None
         return next((name for name in cls._named_archs()
                      if all(getattr(cls.arch_zoo[name], k) == v for k, v in traits.items())), None)
-
 
 
 def count_blocks(state_dict: Mapping[str, torch.Tensor], prefix: str = 'trunk.blocks.') -> int:

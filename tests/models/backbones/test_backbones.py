@@ -667,6 +667,23 @@ def test_windowed_families_share_their_windows():
             [0 if i in OWN_ARGUMENTS[name]['global_blocks'] else 2 for i in range(4)]
 
 
+def test_what_left_columnar_stays_importable_from_it():
+    """The arguments, the families' registry and the memory guard live in modules of their own;
+    what callers imported from ``columnar`` is the same object there, and the backbone has each
+    mixin's members."""
+    from deepvit_mm.models.backbones import arch_table, arguments, columnar, families, memory
+    for module, names in ((arguments, ('ColumnarArgs', 'FeatureLevels', 'even_taps', 'paper_taps')),
+                          (families, ('count_blocks',)), (arch_table, ('ArchSpec',))):
+        for name in names:
+            assert getattr(columnar, name) is getattr(module, name), name
+            assert name in columnar.__all__, name
+    for mixin in (arguments.ColumnarArguments, families.CheckpointFamilies, memory.MemoryGuard):
+        assert issubclass(ColumnarBackbone, mixin)
+    assert ColumnarBackbone.families is families.CheckpointFamilies.families
+    assert ColumnarBackbone not in ColumnarBackbone.families
+    assert {'XCiT', 'CaiT', 'TimmViT', 'TimmEVA', 'TimmBEiT'} <= set(FAMILIES)
+
+
 def test_the_docs_family_example_builds_and_runs(monkeypatch):
     """docs/backbones.md's "A family of your own": its code defines a family that builds, checks
     its own argument and gives the four maps."""

@@ -104,13 +104,11 @@ class ColumnarArgs:
         """The blocks the trunk keeps: those up to the last tap."""
         return max(self.out_indices) + 1
 
-    def with_family(self, family: Any = None, **kwargs: Any) -> 'ColumnarArgs':
-        """These arguments with the family's own: its dataclass (``family``), or keywords, kept
-        as a dict (a family of one's own may keep its few arguments so, docs/backbones.md)."""
-        if kwargs:
-            if family is not None:
-                raise TypeError('with_family takes the family\'s dataclass or keywords, not both')
-            family = {**(self.family or {}), **kwargs}
+    def with_family(self, family: Any) -> 'ColumnarArgs':
+        """These arguments with the family's own, a dataclass instance (docs/backbones.md)."""
+        if not dataclasses.is_dataclass(family) or isinstance(family, type):
+            raise TypeError(f'with_family takes an instance of the family\'s own dataclass of its '
+                            f'arguments, got {type(family).__name__}')
         return dataclasses.replace(self, family=family)
 
 

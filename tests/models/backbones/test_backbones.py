@@ -636,6 +636,17 @@ def test_own_arguments_are_a_typed_frozen_dataclass(family):
         assert fields[key] == (tuple(value) if isinstance(value, tuple) else value), key
 
 
+def test_with_family_refuses_a_string_keyed_dict():
+    """A family's own arguments go in as its dataclass; a dict (or the class itself) is refused
+    with what to pass instead."""
+    from deepvit_mm.models.backbones.windows import WindowArgs
+    args = FAMILIES['XCiT'].parse_args(family_archs(FAMILIES['XCiT'])[0])
+    for bad in ({'window_size': 2}, WindowArgs):
+        with pytest.raises(TypeError, match="instance of the family's own dataclass"):
+            args.with_family(bad)
+    assert args.with_family(WindowArgs(2, (1,))).family.window_size == 2
+
+
 def test_own_arguments_are_named():
     """Every family whose constructor takes keywords of its own is in OWN_ARGUMENTS."""
     import inspect
@@ -701,7 +712,7 @@ def test_the_docs_family_example_builds_and_runs(monkeypatch):
     with pytest.raises(TypeError, match='qkv_bias must be True or False'):
         family('tiny', qkv_bias='no')
     m = family('deit_tiny_patch16_224', qkv_bias=False, out_indices=EARLY).eval()
-    assert m.args.family == {'qkv_bias': False} and m.trunk.blocks[0].attn.qkv.bias is None
+    assert m.args.family.qkv_bias is False and m.trunk.blocks[0].attn.qkv.bias is None
     with torch.no_grad():
         outs = m(torch.randn(1, 3, 64, 96))
     assert [tuple(o.shape) for o in outs] == [(1, 192, 64 // s, 96 // s) for s in (4, 8, 16, 32)]

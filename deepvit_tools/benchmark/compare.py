@@ -74,10 +74,8 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
             modes: Sequence[Tuple[str, str]] = COMPARE_MODES,
             backbone_kwargs: Optional[dict] = None, baselines: Sequence[str] = ('timm',),
             compile: bool = False, roofline: bool = False) -> dict:
-    """Our backbone against ``baselines`` built from it, on the same input, interleaved.
-
-    Memory (``memory``) is measured per implementation in fresh processes on CPU and in this
-    process on CUDA (``max_memory_allocated`` is exact per pass).
+    """Our backbone against ``baselines`` built from it, on the same input, interleaved; memory
+    in a fresh process per implementation on CPU, in this one on CUDA (exact per pass).
 
     Args:
         arch (str): A backbone arch.
@@ -96,13 +94,9 @@ def compare(arch: str, size: Tuple[int, int], batch: int = 1, device: str = 'cpu
         roofline (bool): Also hold each eager model's pass against the roofline. Default: False.
 
     Returns:
-        dict: the settings, ``measurements`` (every ``Measurement``), ``err_key(name, dtype)``
-        (eval outputs against ours; a compiled model's against its eager model, inference modes),
-        ``rates`` (with ``roofline``) and per mode, keyed ``{pass}_{dtype}``: ``{impl}_ms``
-        (medians), ``ratio`` (ours / timm), ``ratio_{name}``, ``{impl}_mem_mib``; with
-        ``compile`` ``{impl}_first_ms`` and ``{impl}_vs_eager``; with ``roofline``
-        ``{impl}_roofline_ms``, ``_compute_ms``, ``_memory_ms``, ``_gflop``, ``_gbyte``,
-        ``_vs_roofline``.
+        dict: the settings, ``measurements`` (every ``Measurement``), ``err_key(name, dtype)``,
+        ``rates`` (with ``roofline``) and per mode, keyed ``{pass}_{dtype}``, the columns of
+        ``compare.csv`` (docs/benchmark.md).
     """
     backbone_kwargs = dict(backbone_kwargs or {})
     device = str(device)

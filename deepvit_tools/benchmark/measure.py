@@ -1,11 +1,7 @@
-"""Latency, throughput and peak memory of one model, input size, dtype and pass (``Case``), and
-the one interleaving timer every comparison uses.
-
-Timing is ``torch.utils.benchmark``'s: its clock (``timer``, which synchronises the accelerator),
-its thread setting (``set_torch_threads``), its ``Measurement`` (median, IQR, every time) and
-``Compare`` (the printed tables). Each timed call is one call: ``Timer.timeit`` and
-``blocked_autorange`` add two or more untimed calls per sample, which the documented
-``--warmup 0 --repeats 1`` (one call of a pass that takes minutes) cannot afford.
+"""Latency, throughput and peak memory of one model, input size, dtype and pass (``Case``); the
+one interleaving timer every comparison uses (``timings``: ``torch.utils.benchmark``'s clock,
+threads and ``Measurement``, one call per timed call, as docs/benchmark.md says why); a
+checkpoint's metrics.
 """
 import numbers
 import os
@@ -204,12 +200,8 @@ def measure(case: Case, memory: bool = True) -> dict:
     ``warmup=0`` it is also the first timed call), then the other warm-up and timed calls.
 
     Returns:
-        dict: the case's fields plus ``label``, ``threads``, ``info``, ``latency_ms`` (median),
-        ``latency_iqr_ms``, ``latency_min_ms``, ``latencies_ms``, ``throughput`` (images/s),
-        ``cpu_ms`` (median CPU time of the process per call), ``first_call_ms``, ``peak_mem_mib``
-        (growth over the model and input), ``mem_before_mib``, ``mem_peak_mib``, ``mem_method``,
-        ``tensor_peak_mib`` (with ``case.tensor_peak``) and ``measurement`` (the
-        ``Measurement``); None where not measured.
+        dict: the case's fields, ``info``, ``latencies_ms``, ``measurement`` and the columns of
+        ``benchmark.csv`` (docs/benchmark.md); None where not measured.
     """
     out = asdict(case)
     out.update(label=model_label(case.model), peak_mem_mib=None, mem_before_mib=None,

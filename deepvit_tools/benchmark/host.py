@@ -1,9 +1,6 @@
-"""The host's side of a backbone's training step (``pass_runner``'s) on a GPU, medians over
-steps issued back to back: ``step_ms`` (wall time per step, one synchronize after the last),
-``host_ms`` (the host's time to queue one step), ``device_ms`` (CUDA events around it), ``waits``
-(calls that made the host wait, from ``torch.cuda.set_sync_debug_mode('warn')``); as built and
-with the two device reads the backbones once made on every call, interleaved. ``host_split``:
-where the host's time goes, from ``torch.profiler``'s events (docs/benchmark.md).
+"""The host's side of a backbone's training step (``pass_runner``'s) on a GPU: wall, queueing and
+device time per step, host waits (``torch.cuda.set_sync_debug_mode``), and where the host's time
+goes from ``torch.profiler``'s public ``events()`` (``host_split``); docs/speed.md.
 """
 import statistics
 import time

@@ -254,6 +254,17 @@ def _restore_default_scope(monkeypatch):
     monkeypatch.setattr(DefaultScope, '_instance_dict', copy.copy(DefaultScope._instance_dict))
 
 
+def analysis_tool(name: str):
+    """tools/analysis/<name>.py as a module (its functions called in this process), without
+    touching sys.path."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        f'{name}_tool', os.path.join(ROOT, 'tools', 'analysis', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_in_process(monkeypatch, script: str, *args) -> int:
     """``python script args`` in this process (the script's ``__main__`` block; its ``sys.argv``,
     ``sys.path`` and environment variables given back after): for tests where a tool's start in a

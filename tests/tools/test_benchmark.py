@@ -3,7 +3,6 @@
 Speed is measured by the tools, never asserted here: the tests check what each number is made of
 (which call was timed, what memory was counted, which rows a report gets)."""
 import csv
-import importlib.util
 import math
 import os
 import shlex
@@ -11,7 +10,7 @@ import shlex
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, analysis_tool
 
 from deepvit_mm.engine.optimizers.cpu_amp_optim_wrapper import cpu_float16_training_problem
 from deepvit_tools import benchmark as bm
@@ -20,15 +19,6 @@ DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_d
 DEMO_DET = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 SMALL_DET = {'model.backbone.arch': 'nano_12_p16'}  # the demo detector, cheaper
 LINUX = os.path.exists('/proc/self/clear_refs')
-
-
-def _tool(name):
-    """tools/analysis/<name>.py (the measuring tools) as a module, without touching sys.path."""
-    spec = importlib.util.spec_from_file_location(
-        f'{name}_tool', os.path.join(ROOT, 'tools', 'analysis', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,7 +372,7 @@ def test_write_report_without_measurements_writes_no_csv(tmp_path):
 def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
     """tools/analysis/benchmark.py --quick writes its report and the command that reproduces it.
     ~5-10 s: the measurements."""
-    tool = _tool('benchmark')
+    tool = analysis_tool('benchmark')
     out = tmp_path / 'bench'
     argv = ['--quick', '--sizes', '64', '--dtypes', 'fp32', '--breakdown', '--tensor-peak',
             '--mem-limit-gb', '16', '--out-dir', str(out)]
@@ -420,7 +410,7 @@ def test_benchmark_tool_compare_only_for_cait(tmp_path):
     """tools/analysis/benchmark.py --compare-only on CaiT-XXS24 (4 blocks) at 64x64: only
     compare.csv. Ours, timm's and the floor timed, ours' and timm's memory each measured in a fresh
     process."""
-    tool = _tool('benchmark')
+    tool = analysis_tool('benchmark')
     tool.main(['--arch', 'xxs24', '--sizes', '64', '--dtypes', 'fp32', '--passes', 'fwd',
                '--warmup', '0', '--repeats', '1', '--compare-timm', '--compare-floor',
                '--compare-only', '--cfg-options', 'out_indices=(0,1,2,3)',
@@ -435,7 +425,7 @@ def test_benchmark_tool_compare_only_for_cait(tmp_path):
 
 
 def test_benchmark_tool_option_errors():
-    tool = _tool('benchmark')
+    tool = analysis_tool('benchmark')
     for argv in (['--checkpoint', 'x.pth'], ['--compare-only'], ['--compare-floor'],
                  ['--compile'], ['--roofline'],
                  ['--config', DEMO_SEG, '--compare-timm'], ['--config', DEMO_SEG, '--breakdown'],

@@ -1,26 +1,16 @@
 """What the harness counts: the GEMM floor, each operator's FLOPs and bytes (the roofline), a
 pass's work by kind (the breakdown) and a training step's parts with their floors."""
-import importlib.util
 import os
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, analysis_tool
 
 from deepvit_tools import benchmark as bm
 
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')
 DEMO_DET = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 SMALL_DET = {'model.backbone.arch': 'nano_12_p16'}  # the demo detector, cheaper
-
-
-def _tool(name):
-    """tools/analysis/<name>.py as a module, without touching sys.path."""
-    spec = importlib.util.spec_from_file_location(
-        f'{name}_tool', os.path.join(ROOT, 'tools', 'analysis', f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_gemm_floor_has_the_block_gemms_of_the_model():
@@ -124,7 +114,7 @@ def test_split_step_leaves_the_gradients_of_a_whole_step(config, cfg_options, pa
 def test_profile_train_step_tool(capsys, dtype):
     """tools/analysis/profile_train_step.py on the demo detector: its table and rows. ~5-10 s: a
     profiled training step."""
-    tool = _tool('profile_train_step')
+    tool = analysis_tool('profile_train_step')
     import sys
     argv = sys.argv
     sys.argv = ['profile_train_step.py', DEMO_DET, '--shape', '64', '96', '--batch-size', '2',

@@ -56,6 +56,21 @@ def _in_place(mats: int) -> Callable[..., int]:
     return formula
 
 
+def _conv_backward(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation,
+                   transposed, _output_padding, groups, output_mask, out_shape=None, **kwargs) -> int:
+    # torch's formula, with a grouped convolution's weight gradient divided by its groups (torch
+    # counts it as one group: a depthwise convolution's, as LPI's, C times over)
+    def t(shape):
+        return [shape[1], shape[0]] + list(shape[2:])
+    flops = 0
+    if output_mask[0]:
+        flops += fc.conv_flop_count(grad_out_shape, w_shape, out_shape[0], not transposed)
+    if output_mask[1]:
+        a, b = (grad_out_shape, x_shape) if transposed else (x_shape, grad_out_shape)
+        flops += fc.conv_flop_count(t(a), t(b), t(out_shape[1]), False) // groups
+    return flops
+
+
 def _tensor_bytes(t: torch.Tensor) -> int:
     logical = t.numel() * t.element_size()
     try:  # an expanded or strided view reads no more than its storage
@@ -79,7 +94,8 @@ class WorkCounter(TorchDispatchMode):
         super().__init__()
         aten = torch.ops.aten
         self.counter = fc.FlopCounterMode(display=False, custom_mapping={
-            aten.addmm_: _in_place(2), aten.baddbmm_: _in_place(3)})
+            aten.addmm_: _in_place(2), aten.baddbmm_: _in_place(3),
+            aten.convolution_backward: _conv_backward})
         self.root, self.ops, self._flops, self._running = root, [], {}, ['']
 
     def __enter__(self):

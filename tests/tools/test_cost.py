@@ -197,3 +197,18 @@ def test_step_floors_count_every_product_of_each_part():
     assert clock.work[('backbone', 'bwd')]['macs'] == bwd.get_total_flops() // 2 > 0
     assert all(w['bytes'] > 0 for w in clock.work.values())
     assert {p for p, _ in clock.work} == {'data', 'backbone', 'neck', 'rpn', 'roi'}
+
+
+@pytest.mark.parametrize('groups', [1, 4, 8])
+def test_convolution_backward_counts_the_products_of_its_groups(groups):
+    """A grouped convolution's backward (LPI's depthwise one: groups = channels) does the forward's
+    products twice, for the input's gradient and the weight's; torch's own formula counts the
+    weight's as one group, ``groups`` times over."""
+    from deepvit_tools.benchmark.flops import WorkCounter
+    x = torch.randn(2, 8, 6, 6, requires_grad=True)
+    w = torch.randn(8, 8 // groups, 3, 3, requires_grad=True)
+    with WorkCounter() as counter:
+        torch.nn.functional.conv2d(x, w, padding=1, groups=groups).sum().backward()
+    flops = {o.name: o.flops for o in counter.ops if o.name.startswith('convolution')}
+    forward = 2 * 2 * 6 * 6 * 3 * 3 * 8 * (8 // groups)  # 2 FLOPs a multiply-add
+    assert flops == {'convolution': forward, 'convolution_backward': 2 * forward}

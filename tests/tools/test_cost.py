@@ -177,10 +177,13 @@ def test_op_breakdown_counts_the_block_products_and_sums_to_the_pass():
 @pytest.mark.slow
 def test_step_floors_count_every_product_of_each_part():
     """The floors' multiply-adds per part are every matrix product and convolution of that part,
-    forward and backward: the backbone's equal torch's FlopCounterMode over the backbone alone."""
+    forward and backward: the backbone's equal torch's FlopCounterMode over the backbone alone
+    (its formulas; a grouped convolution's backward counted per group, as
+    test_convolution_backward_counts_the_products_of_its_groups checks)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from deepvit_mm.apis import num_classes_of
+    from deepvit_tools.benchmark.flops import _conv_backward
     from deepvit_tools.benchmark.step import _WorkClock, split_backward
     model, task = bm.build_from_config(DEMO_DET, {'model.backbone.arch': 'nano_12_p16',
                                                   'model.backbone.drop_path_rate': 0.0})
@@ -191,7 +194,8 @@ def test_step_floors_count_every_product_of_each_part():
     inputs = model.data_preprocessor(data, True)['inputs']
     with FlopCounterMode(display=False) as fwd:
         feats = model.backbone(inputs)
-    with FlopCounterMode(display=False) as bwd:
+    with FlopCounterMode(display=False, custom_mapping={
+            torch.ops.aten.convolution_backward: _conv_backward}) as bwd:
         torch.autograd.backward(feats, [torch.ones_like(f) for f in feats])
     assert clock.work[('backbone', 'fwd')]['macs'] == fwd.get_total_flops() // 2 > 0
     assert clock.work[('backbone', 'bwd')]['macs'] == bwd.get_total_flops() // 2 > 0

@@ -698,17 +698,24 @@ def test_what_left_columnar_stays_importable_from_it():
 def test_the_docs_family_example_builds_and_runs(monkeypatch):
     """docs/backbones.md's "A family of your own": its code defines a family that builds, checks
     its own argument and gives the four maps."""
+    import builtins
     import os
     import re
+    import sys
+    import types
 
     from conftest import ROOT
     monkeypatch.setattr(ColumnarBackbone, 'families', list(ColumnarBackbone.families))
     with open(os.path.join(ROOT, 'docs', 'backbones.md')) as f:
         section = f.read().split('## A family of your own', 1)[1]
     code = re.search(r'```python\n(.*?)```', section, flags=re.S).group(1)
-    scope = {}
-    exec(compile(code, 'docs/backbones.md', 'exec'), scope)
-    family = scope['PlainDeiT']
+    # run as a user's module is: a module of its own (a dataclass of a namespace that no module
+    # holds would be made in builtins' namespace, and leave it holding itself)
+    module = types.ModuleType('docs_family_example')
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(code, 'docs/backbones.md', 'exec'), module.__dict__)
+    assert '__builtins__' not in vars(builtins)
+    family = module.PlainDeiT
     with pytest.raises(TypeError, match='qkv_bias must be True or False'):
         family('tiny', qkv_bias='no')
     m = family('deit_tiny_patch16_224', qkv_bias=False, out_indices=EARLY).eval()

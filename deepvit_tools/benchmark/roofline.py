@@ -37,7 +37,8 @@ def _seconds(fn: Callable[[], object], repeats: int) -> float:
 def device_rates(device: str, dtypes: Sequence[torch.dtype] = (torch.float32,),
                  n: Optional[int] = None, repeats: int = 5,
                  gemm: Optional[Tuple[int, int, int]] = None,
-                 stream: Optional[int] = None, gelu: bool = False) -> Dict[object, float]:
+                 stream: Optional[int] = None, gelu: bool = False,
+                 mlp: Optional[Tuple[int, int]] = None) -> Dict[object, float]:
     """The device's rates, medians of ``repeats`` timed calls after a warm-up each.
 
     Args:
@@ -51,6 +52,10 @@ def device_rates(device: str, dtypes: Sequence[torch.dtype] = (torch.float32,),
         stream (int, optional): Elements of each streamed tensor. Default: 64 Mi on CUDA (256
             MiB in float32), 16 Mi on CPU.
         gelu (bool): Also time exact GELU (the breakdown's floor). Default: False.
+        mlp (tuple[int, int], optional): ``(tokens, C)``: the rates at a transformer MLP's
+            shape, the ``(tokens, C) x (C, 4C)`` GEMM and a stream over the ``tokens x 4C``
+            hidden map (the breakdown's and the training step's floors); sets ``gemm`` and
+            ``stream``.
 
     Returns:
         dict: GEMM FLOP/s per dtype; ``'copy'``: bytes/s of ``torch.add(a, b, out=c)`` in
@@ -58,6 +63,9 @@ def device_rates(device: str, dtypes: Sequence[torch.dtype] = (torch.float32,),
         ``F.gelu`` on ``a``.
     """
     cuda = str(device).startswith('cuda')
+    if mlp is not None:
+        tokens, c = mlp
+        gemm, stream = (tokens, c, 4 * c), tokens * 4 * c
     m, k, n = gemm or (n or (8192 if cuda else 1024),) * 3
     rates: Dict[object, float] = {}
     for dtype in dict.fromkeys(dtypes):
@@ -82,9 +90,9 @@ def roofline(cost: Dict[str, object], rates: Dict[object, float]) -> Dict[str, f
     fastest = max(v for k, v in rates.items() if isinstance(k, torch.dtype))
     total = compute = 0.0
     for op in cost['ops']:
-        c = op[1] / rates.get(op[3], fastest) if op[1] else 0.0
+        c = op.flops / rates.get(op.dtype, fastest) if op.flops else 0.0
         compute += c
-        total += max(c, op[2] / rates['copy'])
+        total += max(c, op.bytes / rates['copy'])
     return dict(roofline_ms=total * 1e3, compute_ms=compute * 1e3,
                 memory_ms=cost['bytes'] / rates['copy'] * 1e3, gflop=cost['flops'] / 1e9,
                 gbyte=cost['bytes'] / 1e9)

@@ -174,7 +174,7 @@ def profile_train_step(config: str, size: Tuple[int, int] = (800, 1344), batch_s
     inputs, p = model.data_preprocessor(data, True)['inputs'], model.backbone.patch_size
     tokens = inputs.shape[0] * -(-inputs.shape[-2] // p) * -(-inputs.shape[-1] // p)
     c = model.backbone.embed_dim
-    rates = device_rates('cpu', gemm=(tokens, c, 4 * c), stream=tokens * 4 * c)
+    rates = device_rates('cpu', mlp=(tokens, c))
     gemm_rate, stream_rate = rates[torch.float32] / 2, rates['copy']
     parts, floors = {}, {}
     for (part, phase), sec in med.items():

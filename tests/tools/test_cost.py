@@ -65,8 +65,9 @@ def test_pass_cost_counts_the_products_and_bytes_of_each_operator():
 
 
 def test_roofline_sums_each_operator_at_its_limit():
-    ops = [('mm', 2e12, 1e9, torch.bfloat16), ('add', 0, 3e9, torch.float32),
-           ('mm', 1e12, 1e9, torch.float16)]  # no float16 rate measured: the fastest one
+    from deepvit_tools.benchmark.flops import Op
+    ops = [Op('mm', 2e12, 1e9, torch.bfloat16, 0), Op('add', 0, 3e9, torch.float32, 0),
+           Op('mm', 1e12, 1e9, torch.float16, 0)]  # no float16 rate measured: the fastest one
     cost = dict(ops=ops, flops=3e12, bytes=5e9)
     r = bm.roofline(cost, {torch.bfloat16: 1e12, torch.float32: 0.5e12, 'copy': 1e12})
     assert r['roofline_ms'] == pytest.approx((2 + 3e-3 + 1) * 1e3)
@@ -78,6 +79,8 @@ def test_roofline_sums_each_operator_at_its_limit():
                             stream=4096, repeats=1, gelu=True)
     assert rates.keys() == {torch.float32, torch.bfloat16, 'copy', 'gelu'}
     assert min(rates.values()) > 0
+    rates = bm.device_rates('cpu', mlp=(96, 64), repeats=1)  # (96, 64) x (64, 256), 96 x 256
+    assert rates.keys() == {torch.float32, 'copy'} and min(rates.values()) > 0
 
 
 @pytest.mark.parametrize('config,cfg_options,parts', [

@@ -1,6 +1,6 @@
 """Hooks for tests/engine/distributed/test_distributed.py (imported by the training processes, not
-collected by pytest): every rank saves the weights it starts and ends with and the images it
-trained on (``RankDumpHook``); every rank writes its pid, and one hangs at a given iteration for
+collected by pytest): every rank saves the weights it starts and ends with, the elements of
+model state it holds and the images it trained on (``RankDumpHook``); every rank writes its pid, and one hangs at a given iteration for
 the test to kill it (``KillPointHook``)."""
 import os
 import os.path as osp
@@ -34,7 +34,11 @@ class RankDumpHook(Hook):
 
     def after_train(self, runner) -> None:
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        torch.save(dict(initial=self.initial, initial_buffers=self.initial_buffers,
+        state = runner.optim_wrapper.optimizer.state.values()
+        held = dict(weights=sum(p.numel() for p in runner.model.parameters()),
+                    optimizer=sum(t.numel() for s in state for t in s.values()
+                                  if torch.is_tensor(t) and t.dim() > 0))  # not AdamW's step
+        torch.save(dict(initial=self.initial, initial_buffers=self.initial_buffers, held=held,
                         final=self._params(runner), images=self.images,
                         wrapper=type(runner.model).__name__,
                         units=sum(isinstance(m, FullyShardedDataParallel)

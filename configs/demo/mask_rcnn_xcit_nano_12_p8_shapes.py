@@ -1,7 +1,6 @@
 # Demo: XCiT-N12/8 Mask R-CNN trained from scratch on the embedded synthetic shapes dataset
 # (tools/make_demo_data.py data/shapes: 400 train / 60 held-out val images, 256x256, 3 classes),
-# sized for 2 CPU cores by a per-part profile of the training step
-# (tools/analysis/profile_train_step.py; docs/training.md#the-detection-demo has the numbers):
+# sized for 2 CPU cores (docs/training.md#the-detection-demo has the numbers):
 # 8 of XCiT-N12/8's 12 blocks (taps 1, 3, 5, 7), 64-channel FPN and heads, one anchor ratio (the
 # shapes' boxes are near-square), 64 RoIs per image, half of them positive where there are that
 # many, class-agnostic box regression with a GIoU loss, and 1,100 steps of batch 2 (more updates

@@ -4,7 +4,6 @@ own in ``mmdet/utils/benchmark.py`` behind thin ``tools/analysis_tools/``; one i
 """
 from .baselines import BASELINES, GemmFloor, TimmBaseline
 from .batches import backbone_input, synthetic_batch, synthetic_data
-from .breakdown import breakdown_markdown, op_breakdown
 from .compare import compare, compare_grid
 from .isolation import IsolatedError, run_isolated
 from .measure import (
@@ -16,6 +15,7 @@ from .measure import (
                       measure,
                       measure_grid,
                       measure_isolated,
+                      operator_profile,
                       parse_size,
                       timings,
 )
@@ -23,14 +23,12 @@ from .memory import current_rss, peak_memory, peak_rss, reset_peak_rss, tensor_p
 from .models import backbone_family, build_backbone, build_from_config, is_config, load_config
 from .report import comparison_rows, environment, fmt, markdown_table, size_str, write_report
 from .roofline import device_rates, pass_cost, roofline
-from .step import profile_train_step, step_markdown
 
 __all__ = ['BASELINES', 'GemmFloor', 'TimmBaseline', 'backbone_input', 'synthetic_batch',
            'synthetic_data', 'IsolatedError', 'run_isolated', 'COMPARE_MODES', 'DTYPES', 'PASSES',
            'Case', 'compare', 'compare_grid', 'evaluate_checkpoint', 'measure',
-           'measure_grid', 'measure_isolated', 'parse_size', 'timings',
+           'measure_grid', 'measure_isolated', 'operator_profile', 'parse_size', 'timings',
            'current_rss', 'peak_memory', 'peak_rss', 'reset_peak_rss', 'tensor_peak',
            'backbone_family', 'build_backbone', 'build_from_config', 'is_config', 'load_config',
            'comparison_rows', 'environment', 'fmt', 'markdown_table', 'size_str', 'write_report',
-           'profile_train_step', 'step_markdown',
-           'op_breakdown', 'breakdown_markdown', 'pass_cost', 'device_rates', 'roofline']
+           'pass_cost', 'device_rates', 'roofline']

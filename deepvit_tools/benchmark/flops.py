@@ -3,8 +3,8 @@
 ``WorkCounter`` runs a call under ``torch.utils.flop_counter.FlopCounterMode`` (its formulas:
 matrix products, convolutions, attention) and records per aten operator its FLOPs, the bytes it
 reads and writes (its tensor inputs and outputs at their dtypes' sizes; views and allocations
-move none), its dtype and its output's elements. The FLOP tool and the metafiles
-(``config_flops``), the roofline, the breakdown and the training-step floors all read it.
+move none) and its dtype. The FLOP tool, the metafiles (``config_flops``) and the roofline all
+read it.
 
 ``config_flops`` counts as mmdet's/mmseg's ``get_flops`` and fvcore do: multiply-adds (FLOPs / 2)
 of one inference forward, element-wise work not counted. Everything runs on the ``meta`` device;
@@ -41,12 +41,11 @@ _NO_TRAFFIC = frozenset(('empty', 'empty_like', 'empty_strided', 'detach', 'lift
 
 
 class Op(NamedTuple):
-    """One aten operator: FLOPs, bytes read and written, input dtype, output elements."""
+    """One aten operator: FLOPs, bytes read and written, input dtype."""
     name: str
     flops: int
     bytes: int
     dtype: Optional[torch.dtype]
-    elements: int
 
 
 def _in_place(mats: int) -> Callable[..., int]:
@@ -130,7 +129,7 @@ class WorkCounter(TorchDispatchMode):
         outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         floats = [a.dtype for a in ins if a.dtype.is_floating_point]
         self.ops.append(Op(name, flops, sum(map(_tensor_bytes, ins + outs)),
-                           floats[0] if floats else None, outs[0].numel() if outs else 0))
+                           floats[0] if floats else None))
         return out
 
     @property

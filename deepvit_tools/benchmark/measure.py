@@ -1,7 +1,7 @@
 """Latency, throughput and peak memory of one model, input size, dtype and pass (``Case``); the
 one interleaving timer every comparison uses (``timings``: ``torch.utils.benchmark``'s clock,
-threads and ``Measurement``, one call per timed call, as docs/benchmark.md says why); a
-checkpoint's metrics.
+threads and ``Measurement``, one call per timed call, as docs/benchmark.md says why); one more
+call under ``torch.profiler`` (``operator_profile``); a checkpoint's metrics.
 """
 import numbers
 import os
@@ -34,7 +34,8 @@ from .models import (
 )
 
 __all__ = ['PASSES', 'DTYPES', 'COMPARE_MODES', 'Case', 'parse_size', 'autocast_for', 'pass_runner',
-           'timings', 'measure', 'measure_isolated', 'measure_grid', 'evaluate_checkpoint']
+           'timings', 'operator_profile', 'measure', 'measure_isolated', 'measure_grid',
+           'evaluate_checkpoint']
 
 PASSES = ('fwd', 'train', 'step')
 DTYPES = ('fp32', 'bf16', 'fp16')
@@ -67,6 +68,8 @@ class Case:
             Default: False.
         mem_limit_gib (float): Address-space cap of ``measure_isolated``'s process; 0: none.
             Default: 0.
+        profile (str): A folder: one more call under ``torch.profiler`` after the timed ones
+            (``operator_profile``), its Chrome trace written there. Default: ``''`` (none).
     """
     model: str
     size: Tuple[int, int]
@@ -81,6 +84,7 @@ class Case:
     cfg_options: dict = field(default_factory=dict)
     tensor_peak: bool = False
     mem_limit_gib: float = 0.0
+    profile: str = ''
 
     def __post_init__(self):
         self.size = tuple(self.size)
@@ -170,6 +174,27 @@ def timings(runs: Dict[str, Callable[[], object]], warmup: int = 1, repeats: int
                            metadata=dict(cpu_times=cpu[k])) for k in names}
 
 
+def operator_profile(run: Callable[[], object], device: str, trace: str, rows: int = 20) -> str:
+    """One call of ``run`` under ``torch.profiler`` (CPU activity, and CUDA's on a GPU): its
+    Chrome trace written to ``trace`` (chrome://tracing, Perfetto) and the profiler's table of the
+    ``rows`` operators with the most self time (on the GPU: device time)."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = str(device).startswith('cuda')
+    with profile(activities=[ProfilerActivity.CPU]
+                 + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+    os.makedirs(os.path.dirname(trace) or '.', exist_ok=True)
+    prof.export_chrome_trace(trace)
+    averages = prof.key_averages()
+    key = 'self_cpu_time_total'
+    if cuda:  # torch 2.4 renamed the device columns
+        key = 'self_device_time_total' if hasattr(averages[0], 'self_device_time_total') \
+            else 'self_cuda_time_total'
+    return averages.table(sort_by=key, row_limit=rows)
+
+
 def _prepare(case: Case) -> Tuple[Callable[[], None], dict]:
     """One pass of ``case``'s model built on its device, and what a report says about it."""
     torch.manual_seed(0)
@@ -207,7 +232,8 @@ def measure(case: Case, memory: bool = True) -> dict:
     out.update(label=model_label(case.model), peak_mem_mib=None, mem_before_mib=None,
                mem_peak_mib=None, mem_method=None, tensor_peak_mib=None, first_call_ms=None,
                latency_ms=None, latency_iqr_ms=None, latency_min_ms=None, throughput=None,
-               cpu_ms=None, latencies_ms=[], measurement=None)
+               cpu_ms=None, latencies_ms=[], measurement=None, profile_table=None,
+               profile_trace=None)
     with set_torch_threads(case.threads or torch.get_num_threads()):
         out['threads'] = torch.get_num_threads()
         run, out['info'] = _prepare(case)
@@ -227,6 +253,11 @@ def measure(case: Case, memory: bool = True) -> dict:
         m = timings({out['label']: run}, max(case.warmup - int(memory), 0),
                     case.repeats - int(timed_first), out['threads'], 'benchmark',
                     f'{case.size[0]}x{case.size[1]} {case.dtype} {case.mode}')[out['label']]
+        if case.profile:
+            name = f"{out['label']}_{case.size[0]}x{case.size[1]}_{case.dtype}_{case.mode}"
+            out['profile_trace'] = os.path.join(case.profile, re.sub(r'[^\w.-]', '_', name)
+                                                + '.json')
+            out['profile_table'] = operator_profile(run, case.device, out['profile_trace'])
     if timed_first:  # no warm-up asked for: the first call is the first timed call
         m = Measurement(1, [first[0]] + m.times, m.task_spec,
                         metadata=dict(cpu_times=[first[1]] + m.metadata['cpu_times']))

@@ -3,6 +3,7 @@
 Speed is measured by the tools, never asserted here: the tests check what each number is made of
 (which call was timed, what memory was counted, which rows a report gets)."""
 import csv
+import json
 import math
 import os
 import shlex
@@ -374,7 +375,7 @@ def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
     ~5-10 s: the measurements."""
     tool = analysis_tool('benchmark')
     out = tmp_path / 'bench'
-    argv = ['--quick', '--sizes', '64', '--dtypes', 'fp32', '--breakdown', '--tensor-peak',
+    argv = ['--quick', '--sizes', '64', '--dtypes', 'fp32', '--profile', '--tensor-peak',
             '--mem-limit-gb', '16', '--out-dir', str(out)]
     tool.main(argv)
     printed = capsys.readouterr().out
@@ -391,8 +392,14 @@ def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
         assert 0 < float(r['tensor_peak_mib'])  # --tensor-peak: the profiled first call
     md = (out / 'benchmark.md').read_text()
     assert md.count('| nano_12_p16 | 64x64 |') == 2 and 'load_avg' in md
-    assert md.count('### Where the time goes: nano_12_p16, 64x64') == 2  # --breakdown, 2 passes
-    assert md.count('| matrix products |') == 2
+    # --profile: each pass's operator table in the report and its Chrome trace beside it
+    assert md.count('### Operators by self time: nano_12_p16, 64x64, fp32') == 2
+    assert md.count('Self CPU time total') == 2 and 'aten::addmm' in md
+    traces = sorted(os.listdir(out / 'profiles'))
+    assert traces == ['nano_12_p16_64x64_fp32_fwd.json', 'nano_12_p16_64x64_fp32_train.json']
+    with open(out / 'profiles' / traces[1]) as f:
+        names = {e.get('name') for e in json.load(f)['traceEvents']}
+    assert {'aten::addmm', 'autograd::engine::evaluate_function: AddmmBackward0'} <= names
     # the printed command spells out every setting and parses back to the same run
     (line,) = {ln for ln in printed.splitlines() if ln.startswith('reproduce with: ')}
     cmd = shlex.split(line[len('reproduce with: '):])
@@ -400,7 +407,7 @@ def test_benchmark_tool_quick_mode_and_a_reproducing_command(tmp_path, capsys):
     again, first = tool.parse_args(cmd[2:]), tool.parse_args(argv)
     for key in ('arch', 'config', 'sizes', 'batch', 'dtypes', 'passes', 'warmup', 'repeats',
                 'out_dir', 'compare_timm', 'compare_floor', 'compare_only', 'checkpoint',
-                'breakdown', 'tensor_peak', 'mem_limit_gb'):
+                'profile', 'tensor_peak', 'mem_limit_gb'):
         assert getattr(again, key) == getattr(first, key), key
     assert f'Reproduce: `{line[len("reproduce with: "):]}`' in md
 
@@ -428,7 +435,8 @@ def test_benchmark_tool_option_errors():
     tool = analysis_tool('benchmark')
     for argv in (['--checkpoint', 'x.pth'], ['--compare-only'], ['--compare-floor'],
                  ['--compile'], ['--roofline'],
-                 ['--config', DEMO_SEG, '--compare-timm'], ['--config', DEMO_SEG, '--breakdown'],
+                 ['--config', DEMO_SEG, '--compare-timm'],
+                 ['--arch', 'n12', '--compare-timm', '--compare-only', '--profile'],
                  ['--passes', 'step'], ['--config', DEMO_SEG, '--passes', 'step', '--dtypes', 'bf16']):
         with pytest.raises(SystemExit):
             tool.parse_args(argv)
@@ -473,76 +481,3 @@ def test_evaluate_checkpoint_gives_the_miou_of_a_known_prediction(tmp_path):
     assert metrics['mIoU'] == pytest.approx(100 * np.mean(ious), abs=0.01)
     with pytest.raises(FileNotFoundError, match='checkpoint not found'):
         bm.evaluate_checkpoint(DEMO_SEG, str(tmp_path / 'missing.pth'), str(tmp_path / 'w'))
-
-
-def test_model_state_bytes_counts_weights_gradients_and_adamw_moments():
-    from deepvit_tools.benchmark.sharding import model_state_bytes
-    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.Linear(20, 3))
-    model[1].weight.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
-    model(torch.randn(4, 10)).sum().backward()
-    opt.step()
-    n_all, n_trained = 10 * 20 + 20 + 20 * 3 + 3, 10 * 20 + 20 + 3
-    # AdamW's 0-d step counters are not state a shard holds
-    assert model_state_bytes(model, opt) == dict(weights=4 * n_all, grads=4 * n_trained,
-                                                 optimizer=2 * 4 * n_trained)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason='the refusal of a machine without CUDA')
-def test_profile_host_without_cuda_says_so(in_process):
-    run = in_process('tools/analysis/profile_host.py', '--arch', 'nano_12_p16', cwd=ROOT)
-    assert run.returncode == 1 and 'no CUDA device is visible' in run.stderr + run.stdout, run
-
-
-def _event(name, start=0.0, end=0.0, thread=0, cuda=False):
-    from types import SimpleNamespace
-
-    from torch.autograd import DeviceType
-    return SimpleNamespace(name=name, cpu_time_total=end - start, thread=thread,
-                           time_range=SimpleNamespace(start=start, end=end),
-                           device_type=DeviceType.CUDA if cuda else DeviceType.CPU)
-
-
-def test_host_split_counts_outermost_operators_launches_and_kernels():
-    """What each figure of the host's split is made of, on events as the profiler gives them:
-    nested operators counted once (the outermost), on each thread, launch calls apart, kernels
-    by device."""
-    from deepvit_tools.benchmark.host import host_split
-    events = [
-        _event('aten::linear', 0, 900),
-        _event('aten::addmm', 50, 850),  # inside the linear
-        _event('cudaLaunchKernel', 100, 150),
-        _event('autograd::engine::evaluate_function: AddmmBackward0', 0, 600, thread=1),
-        _event('aten::mm', 50, 550, thread=1),  # inside the backward function
-        _event('Torch-Compiled Region: 0/0', 1000, 1300),
-        _event('cuLaunchKernel', 1100, 1120),
-    ] + [_event('gemm_kernel', 0, 5, cuda=True) for _ in range(6)]
-    split = host_split(events, steps=2, profiled_s=0.004)  # 2 ms a step
-    assert split == dict(profiled_ms=2.0, ops_ms=(900 + 600 + 300) / 1e3 / 2,
-                         launch_ms=(50 + 20) / 1e3 / 2, python_ms=2.0 - 0.9, kernels=3.0)
-
-
-def test_host_split_of_a_real_profile_puts_python_apart_from_operators():
-    """A profiled step that sleeps 20 ms in Python and multiplies matrices: the sleep lands in
-    ``python_ms``, the products in ``ops_ms``, and the two add up to the step (on CPU: no kernel,
-    no launch)."""
-    import time
-
-    from torch.profiler import ProfilerActivity, profile
-
-    from deepvit_tools.benchmark.host import host_split
-    a = torch.randn(256, 256)
-
-    def step():
-        time.sleep(0.02)
-        for _ in range(20):
-            torch.nn.functional.linear(a, a)
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
-        step()
-        host = time.perf_counter() - start
-    split = host_split(prof.events(), 1, host)
-    assert split['kernels'] == 0 and split['launch_ms'] == 0
-    assert split['python_ms'] >= 20 and 0 < split['ops_ms'] < split['profiled_ms'] - 20
-    assert split['python_ms'] + split['ops_ms'] == pytest.approx(split['profiled_ms'])

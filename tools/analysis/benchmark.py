@@ -1,8 +1,9 @@
 """Latency, throughput and peak memory of backbones (by arch) or a config's whole model over input
 sizes, fp32/bf16/fp16, inference and training passes, each in a fresh process; optionally against
-timm's own forward (and the GEMM floor, the roofline, torch.compile), interleaved in one process,
-and a checkpoint's metrics. Writes benchmark.md, benchmark.csv, compare.csv and benchmark.png into
---out-dir, prints torch.utils.benchmark's Compare tables and the command that reproduces the run.
+timm's own forward (and the GEMM floor, the roofline, torch.compile), interleaved in one process;
+where the time goes (torch.profiler); a checkpoint's metrics. Writes benchmark.md, benchmark.csv,
+compare.csv and benchmark.png into --out-dir, prints torch.utils.benchmark's Compare tables and
+the command that reproduces the run.
 How each number is taken: docs/benchmark.md.
 
   python tools/analysis/benchmark.py --arch small_12_p8 small_12_p16 --sizes 512 1024
@@ -50,9 +51,9 @@ def parse_args(argv=None):
                         'adapter on the same weights, interleaved: ratios, memory, output error')
     p.add_argument('--compare-floor', action='store_true',
                    help="with --compare-timm: also the standard model's block GEMMs as torch.mm")
-    p.add_argument('--breakdown', action='store_true',
-                   help='with --arch, on CPU: where each pass\'s time goes, each kind of work '
-                        'against its own floor')
+    p.add_argument('--profile', action='store_true',
+                   help="also one call of each measurement under torch.profiler: its operators' "
+                        'table (self time) and a Chrome trace into --out-dir/profiles')
     p.add_argument('--compile', action='store_true',
                    help='with --compare-timm: also ours and timm under torch.compile')
     p.add_argument('--roofline', action='store_true',
@@ -78,8 +79,10 @@ def parse_args(argv=None):
             setattr(args, key, preset[key])
     if args.checkpoint and not args.config:
         p.error('--checkpoint needs --config (the model and test set it was trained for)')
-    if (args.compare_timm or args.breakdown) and not args.arch:
-        p.error('--compare-timm and --breakdown measure backbones: give --arch')
+    if args.compare_timm and not args.arch:
+        p.error('--compare-timm measures backbones: give --arch')
+    if args.profile and args.compare_only:
+        p.error('--profile profiles the measurements, which --compare-only leaves out')
     for flag in WITH_COMPARE:
         if getattr(args, flag) and not args.compare_timm:
             p.error(f'--{flag.replace("_", "-")} goes with --compare-timm')
@@ -115,8 +118,6 @@ def main(argv=None):
     if args.device == 'cpu':  # as tools/train.py: tcmalloc when the system has it
         from deepvit_mm.engine import preload_tcmalloc
         preload_tcmalloc(__file__)
-    if args.breakdown and args.device != 'cpu':
-        sys.exit('--breakdown profiles on CPU: add --device cpu')
     args.threads = args.threads or torch.get_num_threads()
     sizes = [bm.parse_size(s) for s in args.sizes]
     command = command_line(args)
@@ -124,11 +125,12 @@ def main(argv=None):
     options = dict(args.cfg_options or {})
     settings = dict(batch=args.batch, device=args.device, threads=args.threads,
                     warmup=args.warmup, repeats=args.repeats)
+    profile = os.path.join(args.out_dir, 'profiles') if args.profile else ''
     models = [] if args.compare_only else args.arch + ([args.config] if args.config else [])
     rows = bm.measure_grid(models, sizes, args.dtypes, args.passes, timeout=args.timeout,
                            log=print, cfg_options=options, tensor_peak=args.tensor_peak,
                            mem_limit_gib=args.mem_limit_gb if args.device == 'cpu' else 0.0,
-                           **settings)
+                           profile=profile, **settings)
     comparisons = []
     if args.compare_timm:
         comparisons = bm.compare_grid(
@@ -141,14 +143,11 @@ def main(argv=None):
     paths = bm.write_report(args.out_dir, rows, comparisons, metrics or None, command,
                             bm.environment(args.device))
     lines = []
-    for arch in args.arch if args.breakdown else []:
-        for size in sizes:
-            for mode in args.passes:
-                res = bm.run_isolated(bm.op_breakdown, arch, size, mode, max(args.repeats, 1),
-                                      timeout=args.timeout, **options)
-                lines += ['', f'### Where the time goes: {arch}, {bm.size_str(size)}, '
-                          f"{'inference' if mode == 'fwd' else 'training step'}, fp32, "
-                          f"{res['threads']} threads", '', *bm.breakdown_markdown(res)]
+    for r in rows:
+        if r.get('profile_table'):
+            lines += ['', f"### Operators by self time: {r['label']}, {bm.size_str(r['size'])}, "
+                      f"{r['dtype']}, {r['mode']} (trace: {r['profile_trace']})", '', '```',
+                      r['profile_table'].rstrip(), '```']
     with open(paths['md'], 'a') as f:
         f.write('\n'.join(lines) + '\n')
     measured = [r['measurement'] for r in rows if r.get('measurement')]

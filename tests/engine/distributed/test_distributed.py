@@ -274,6 +274,15 @@ def test_fsdp_trains_the_weights_of_ddp(one_node, sharded):
     r0 = read_checkpoint(str(work / 'rank0.pth'))
     assert r0['wrapper'] == 'CPUFullyShardedDataParallel'
     assert r0['units'] == 8 + 1  # the demo's 8 trunk blocks, and the root
+    # each process holds half the weights and half AdamW's state (each unit's flat parameter is
+    # split in two; its padding to an even length is nobody's): docs/training.md
+    r1 = read_checkpoint(str(work / 'rank1.pth'))
+    whole = read_checkpoint(str(one_node[0] / 'rank0.pth'))['held']
+    assert 0 < whole['optimizer'] <= 2 * whole['weights']
+    for key in ('weights', 'optimizer'):
+        pad = 2 * r0['units'] * (1 if key == 'weights' else 2)
+        assert whole[key] <= r0['held'][key] + r1['held'][key] <= whole[key] + pad, key
+        assert abs(r0['held'][key] - whole[key] / 2) <= pad, key
     norms = _grad_norms(one_node[1])
     assert len(norms) == ITERS and min(norms) > 2 * _max_norm(CFG), norms  # every step clipped
     got, want = _saved(work), _saved(one_node[0])

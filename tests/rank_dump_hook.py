@@ -1,7 +1,7 @@
 """Hooks for tests/engine/distributed/test_distributed.py (imported by the training processes, not
-collected by pytest): every rank saves the weights it starts and ends with, the elements of
-model state it holds and the images it trained on (``RankDumpHook``); every rank writes its pid, and one hangs at a given iteration for
-the test to kill it (``KillPointHook``)."""
+collected by pytest): every rank saves the weights it starts and ends with, the elements of model
+state it holds and the images it trained on (``RankDumpHook``); every rank writes its pid, and one
+hangs at a given iteration for the test to kill it (``KillPointHook``)."""
 import os
 import os.path as osp
 import time

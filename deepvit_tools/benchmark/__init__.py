@@ -11,7 +11,6 @@ from .measure import (
                       DTYPES,
                       PASSES,
                       Case,
-                      evaluate_checkpoint,
                       measure,
                       measure_grid,
                       measure_isolated,
@@ -26,7 +25,7 @@ from .roofline import device_rates, pass_cost, roofline
 
 __all__ = ['BASELINES', 'GemmFloor', 'TimmBaseline', 'backbone_input', 'synthetic_batch',
            'synthetic_data', 'IsolatedError', 'run_isolated', 'COMPARE_MODES', 'DTYPES', 'PASSES',
-           'Case', 'compare', 'compare_grid', 'evaluate_checkpoint', 'measure',
+           'Case', 'compare', 'compare_grid', 'measure',
            'measure_grid', 'measure_isolated', 'operator_profile', 'parse_size', 'timings',
            'current_rss', 'peak_memory', 'peak_rss', 'reset_peak_rss', 'tensor_peak',
            'backbone_family', 'build_backbone', 'build_from_config', 'is_config', 'load_config',

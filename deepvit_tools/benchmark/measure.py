@@ -1,9 +1,8 @@
 """Latency, throughput and peak memory of one model, input size, dtype and pass (``Case``); the
 one interleaving timer every comparison uses (``timings``: ``torch.utils.benchmark``'s clock,
 threads and ``Measurement``, one call per timed call, as docs/benchmark.md says why); one more
-call under ``torch.profiler`` (``operator_profile``); a checkpoint's metrics.
+call under ``torch.profiler`` (``operator_profile``).
 """
-import numbers
 import os
 import re
 import statistics
@@ -34,8 +33,7 @@ from .models import (
 )
 
 __all__ = ['PASSES', 'DTYPES', 'COMPARE_MODES', 'Case', 'parse_size', 'autocast_for', 'pass_runner',
-           'timings', 'operator_profile', 'measure', 'measure_isolated', 'measure_grid',
-           'evaluate_checkpoint']
+           'timings', 'operator_profile', 'measure', 'measure_isolated', 'measure_grid']
 
 PASSES = ('fwd', 'train', 'step')
 DTYPES = ('fp32', 'bf16', 'fp16')
@@ -297,36 +295,3 @@ def measure_grid(models: Sequence[str], sizes: Sequence[Tuple[int, int]],
                         f'failed: {r["error"]}' if r.get('error') else
                         f'{r["latency_ms"] or 0:.1f} ms, {r["peak_mem_mib"] or 0:.0f} MiB'))
     return rows
-
-
-def _test(config: str, checkpoint: str, work_dir: str, cfg_options: Optional[dict]) -> dict:
-    # tools/test.py's main() without its display options: the same calls in order
-    from mmengine.registry import RUNNERS
-    from mmengine.runner import Runner
-
-    from deepvit_mm.apis import prepare_config
-    from deepvit_mm.engine import keep_freed_cpu_memory, setup_cpu_distributed
-    if not torch.cuda.is_available():
-        keep_freed_cpu_memory()  # process-wide, as tools/test.py: this process only
-    cfg = prepare_config(config, work_dir=work_dir, cfg_options=cfg_options, load_from=checkpoint)
-    setup_cpu_distributed(cfg)
-    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
-    return {k: float(v) for k, v in runner.test().items() if isinstance(v, numbers.Real)}
-
-
-def evaluate_checkpoint(config: str, checkpoint: str, work_dir: str,
-                        cfg_options: Optional[dict] = None, timeout: Optional[float] = None
-                        ) -> Dict[str, float]:
-    """``checkpoint``'s metrics on ``config``'s test set as ``tools/test.py`` computes them
-    (``prepare_config``, then mmengine's ``Runner.test``), in a fresh process; logs into
-    ``work_dir``.
-
-    Raises:
-        FileNotFoundError: The checkpoint or config does not exist.
-        IsolatedError: The evaluation failed.
-    """
-    for path, what in ((checkpoint, 'checkpoint'), (config, 'config')):
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f'{what} not found: {path!r}')
-    return run_isolated(_test, config, checkpoint, work_dir, cfg_options,
-                        device='cuda' if torch.cuda.is_available() else 'cpu', timeout=timeout)

@@ -7,7 +7,7 @@ import csv
 import math
 import os
 import platform
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 import torch
 
@@ -118,8 +118,8 @@ def _plot(rows: List[dict], path: str) -> None:
     plt.close(fig)
 
 
-def write_report(out_dir: str, rows: List[dict], comparisons: List[dict],
-                 metrics: Optional[dict], command: str, env: Dict[str, str]) -> Dict[str, str]:
+def write_report(out_dir: str, rows: List[dict], comparisons: List[dict], command: str,
+                 env: Dict[str, str]) -> Dict[str, str]:
     """Write ``benchmark.md`` and, where there is something to write, ``benchmark.csv`` and
     ``benchmark.png`` (``rows``: ``measure``'s results) and ``compare.csv`` (``comparisons``:
     ``compare``'s) into ``out_dir``; the paths written, keyed ``md``, ``csv``, ``png``,
@@ -144,9 +144,6 @@ def write_report(out_dir: str, rows: List[dict], comparisons: List[dict],
         paths['compare_csv'] = os.path.join(out_dir, 'compare.csv')
         _write(paths['compare_csv'], flat, fields)
         md += ['## Ours against the baselines', '', *_markdown(flat, fields)]
-    if metrics:
-        md += ['## Accuracy (single-scale)', '',
-               *markdown_table(['metric', 'value'], [(k, f'{v:.4g}') for k, v in metrics.items()])]
     with open(paths['md'], 'w') as f:
         f.write('\n'.join(md) + '\n')
     return paths

@@ -91,6 +91,47 @@ def test_every_recipe_states_its_base_batch(recipe):
     assert cfg.train_dataloader.batch_size == images
 
 
+# ------------------------------------------------------------------------------ metrics
+@pytest.mark.slow
+def test_tools_test_gives_the_miou_of_a_known_prediction(tmp_path, in_process):
+    """tools/test.py on a segmentor that predicts the first class everywhere: its mIoU and aAcc
+    follow from the label maps alone. ~2 s: the test loop in this process."""
+    import numpy as np
+    from mmengine.registry import DefaultScope
+    from mmseg.registry import DATASETS
+
+    from deepvit_mm.apis import build_from_config
+    from deepvit_tools.demo_data import make_ade_demo
+    data = tmp_path / 'ade'
+    make_ade_demo(str(data), num_train=1, num_val=2, size=128, seed=5)
+    model, _ = build_from_config(DEMO_SEG)
+    conv = model.decode_head.conv_seg
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.bias.copy_(torch.tensor([5.0, 0, 0, 0, 0]))
+    torch.save(dict(state_dict=model.state_dict(), meta=dict()), tmp_path / 'model.pth')
+    options = [f'test_dataloader.dataset.data_root={data}', 'test_dataloader.num_workers=0',
+               'test_dataloader.persistent_workers=False']
+    run = in_process(os.path.join(ROOT, 'tools', 'test.py'), DEMO_SEG, tmp_path / 'model.pth',
+                     '--work-dir', tmp_path / 'work', '--cfg-options', *options, cwd=tmp_path)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    (logged,) = glob.glob(str(tmp_path / 'work' / '*' / '*.json'))
+    with open(logged) as f:
+        metrics = json.load(f)
+    cfg = Config.fromfile(DEMO_SEG)
+    cfg.merge_from_dict({'test_dataloader.dataset.data_root': str(data)})
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        dataset = DATASETS.build(cfg.test_dataloader.dataset)
+    gt = np.concatenate([dataset[i]['data_samples'].gt_sem_seg.data.numpy().ravel()
+                         for i in range(len(dataset))])
+    gt = gt[gt != 255]
+    counts = np.bincount(gt, minlength=5)
+    # IoU of class 0: its pixels over all valid pixels; the others present: 0; absent: left out
+    ious = [counts[0] / len(gt)] + [0.0] * int((counts[1:] > 0).sum())
+    assert metrics['aAcc'] == pytest.approx(100 * counts[0] / len(gt), abs=0.01)
+    assert metrics['mIoU'] == pytest.approx(100 * np.mean(ious), abs=0.01)
+
+
 # ------------------------------------------------------------------------------ --out
 @pytest.mark.slow
 def test_tools_test_out_writes_mmdets_pickle_for_its_confusion_matrix(tmp_path, shapes,

@@ -1,9 +1,9 @@
 """Latency, throughput and peak memory of backbones (by arch) or a config's whole model over input
 sizes, fp32/bf16/fp16, inference and training passes, each in a fresh process; optionally against
 timm's own forward (and the GEMM floor, the roofline, torch.compile), interleaved in one process;
-where the time goes (torch.profiler); a checkpoint's metrics. Writes benchmark.md, benchmark.csv,
-compare.csv and benchmark.png into --out-dir, prints torch.utils.benchmark's Compare tables and
-the command that reproduces the run.
+where the time goes (torch.profiler). Writes benchmark.md, benchmark.csv, compare.csv and
+benchmark.png into --out-dir, prints torch.utils.benchmark's Compare tables and the command that
+reproduces the run.
 How each number is taken: docs/benchmark.md.
 
   python tools/analysis/benchmark.py --arch small_12_p8 small_12_p16 --sizes 512 1024
@@ -60,7 +60,6 @@ def parse_args(argv=None):
                    help="with --compare-timm: also each eager pass against this device's roofline")
     p.add_argument('--compare-only', action='store_true',
                    help='with --compare-timm: only the comparison')
-    p.add_argument('--checkpoint', help="with --config: also its metrics on the config's test set")
     p.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
                    help='config overrides, or with --arch backbone arguments (gram_xca=True)')
     p.add_argument('--timeout', type=float, help='seconds per measurement (default: none)')
@@ -77,8 +76,6 @@ def parse_args(argv=None):
     for key in ('sizes', 'warmup', 'repeats'):
         if getattr(args, key) is None:
             setattr(args, key, preset[key])
-    if args.checkpoint and not args.config:
-        p.error('--checkpoint needs --config (the model and test set it was trained for)')
     if args.compare_timm and not args.arch:
         p.error('--compare-timm measures backbones: give --arch')
     if args.profile and args.compare_only:
@@ -138,10 +135,7 @@ def main(argv=None):
             baselines=('timm', 'floor') if args.compare_floor else ('timm',),
             roofline=args.roofline, backbone_kwargs=options, **dict(settings,
                                                                     repeats=max(args.repeats, 1)))
-    metrics = args.checkpoint and bm.evaluate_checkpoint(
-        args.config, args.checkpoint, os.path.join(args.out_dir, 'test'), args.cfg_options)
-    paths = bm.write_report(args.out_dir, rows, comparisons, metrics or None, command,
-                            bm.environment(args.device))
+    paths = bm.write_report(args.out_dir, rows, comparisons, command, bm.environment(args.device))
     lines = []
     for r in rows:
         if r.get('profile_table'):

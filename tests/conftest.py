@@ -247,11 +247,18 @@ def _no_torch_state_left():
 
 
 @pytest.fixture(autouse=True)
-def _restore_default_scope(monkeypatch):
-    """Whatever default scope a test sets is gone after it (the test sees a copy of mmengine's
-    instance table, as ``DefaultScope.overwrite_default_scope`` does)."""
-    from mmengine.registry import DefaultScope
-    monkeypatch.setattr(DefaultScope, '_instance_dict', copy.copy(DefaultScope._instance_dict))
+def _restore_mmengine_instances(monkeypatch):
+    """Whatever named instance a test makes (a default scope, a logger, a message hub, a
+    visualizer writing into the test's folder) is gone after it: the test sees a copy of each of
+    mmengine's instance tables, as ``DefaultScope.overwrite_default_scope`` does. (A later test's
+    Runner would take an earlier one's visualizer, and write into that test's removed folder.)"""
+    from mmengine.utils import ManagerMixin
+    todo = [ManagerMixin]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if '_instance_dict' in vars(cls):
+            monkeypatch.setattr(cls, '_instance_dict', copy.copy(cls._instance_dict))
 
 
 def analysis_tool(name: str):

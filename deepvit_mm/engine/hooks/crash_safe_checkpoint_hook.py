@@ -8,9 +8,10 @@ import logging
 import os
 import os.path as osp
 import re
+import shutil
 from typing import Optional
 
-from mmengine.dist import is_main_process
+from mmengine.dist import barrier, is_main_process
 from mmengine.fileio.backends import LocalBackend
 from mmengine.hooks import CheckpointHook
 from mmengine.logging import print_log
@@ -83,10 +84,11 @@ class CrashSafeCheckpointHook(CheckpointHook):
     run killed during a save with ``max_keep_ckpts=1`` keeps no complete checkpoint. Here:
 
     * a checkpoint is written to ``<name>.tmp``, flushed to disk and renamed: it is complete or
-      absent under its own name; ``last_checkpoint`` is rewritten the same way;
+      absent under its own name (a sharded one, a folder of per-process parts, is renamed once
+      every process has written its part); ``last_checkpoint`` is rewritten the same way;
     * the checkpoint beyond ``max_keep_ckpts`` is deleted only after the new one is complete;
-    * ``.tmp`` files a killed save left in the checkpoint folder are removed when training
-      (re)starts;
+    * ``.tmp`` files and folders a killed save left in the checkpoint folder are removed when
+      training (re)starts;
     * a save that fails (disk full, quota, permissions) removes its ``.tmp`` and stops training with
       ``CheckpointWriteError``, which names the file, the reason (errno) and the previous
       complete checkpoint, kept.
@@ -103,7 +105,11 @@ class CrashSafeCheckpointHook(CheckpointHook):
                              + re.escape(_TMP))
         for name in os.listdir(self.out_dir):
             if pattern.fullmatch(name):
-                os.remove(osp.join(self.out_dir, name))
+                path = osp.join(self.out_dir, name)
+                if osp.isdir(path):  # a sharded checkpoint: a folder of per-process parts
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
                 print_log(f'removed {name}, left by a save that was interrupted',
                           logger='current', level=logging.WARNING)
 
@@ -124,12 +130,17 @@ class CrashSafeCheckpointHook(CheckpointHook):
                 self.out_dir, name + _TMP, self.file_client_args,
                 save_optimizer=self.save_optimizer, save_param_scheduler=self.save_param_scheduler,
                 meta=meta, by_epoch=self.by_epoch, backend_args=self.backend_args, **self.args)
+            # every process has written its part (a sharded checkpoint: one file each in the
+            # folder) before the main one renames it; else a slower part lands in a new .tmp
+            barrier()
             if not is_main_process():
                 return
             _commit(self.last_ckpt + _TMP, self.last_ckpt)
             _write_text_atomically(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
         except OSError as e:  # last_checkpoint still names the previous complete checkpoint
-            if osp.exists(self.last_ckpt + _TMP):
+            if osp.isdir(self.last_ckpt + _TMP):
+                shutil.rmtree(self.last_ckpt + _TMP)
+            elif osp.exists(self.last_ckpt + _TMP):
                 os.remove(self.last_ckpt + _TMP)
             raise _write_failed(self.last_ckpt, e, _previous_checkpoint(runner.work_dir)) from e
         if stale is not None:

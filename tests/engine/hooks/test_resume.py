@@ -175,6 +175,41 @@ def test_a_failed_last_checkpoint_write_keeps_the_old_one_and_leaves_no_temporar
     assert marker.read_text() == '/old/iter_2.pth'
 
 
+def test_a_sharded_checkpoint_is_renamed_once_every_process_wrote_its_part(tmp_path,
+                                                                          monkeypatch):
+    """A sharded checkpoint (``state_dict_cfg='local'``) is a folder with one part per process,
+    each written into ``<name>.tmp/``: the main process renames the folder only once every
+    process has reached the barrier after its write (a slower part written after the rename made
+    a new ``.tmp`` folder and was lost). Here the other process's part is written while the
+    main process waits at the barrier; a leftover ``.tmp`` folder is removed at the next start."""
+    from types import SimpleNamespace
+
+    from mmengine.logging import MessageHub, MMLogger
+
+    from deepvit_mm.engine.hooks import crash_safe_checkpoint_hook as hooks
+
+    def save_checkpoint(out_dir, name, *args, **kwargs):  # as FSDPStrategy's local saving
+        os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+        torch.save({'part': 0}, os.path.join(out_dir, name, 'rank0.pth'))
+
+    def barrier():  # the other process finishes its part before the barrier lets anyone on
+        torch.save({'part': 1}, tmp_path / 'iter_2.pth.tmp' / 'rank1.pth')
+
+    monkeypatch.setattr(hooks, 'barrier', barrier)
+    hook = hooks.CrashSafeCheckpointHook(interval=1, by_epoch=False)
+    hook.out_dir, hook.file_backend = str(tmp_path), hooks.LocalBackend()
+    runner = SimpleNamespace(save_checkpoint=save_checkpoint, work_dir=str(tmp_path),
+                             message_hub=MessageHub.get_instance('sharded_checkpoint_test'),
+                             logger=MMLogger.get_instance('sharded_checkpoint_test'))
+    hook._save_checkpoint_with_step(runner, 2, {})
+    assert sorted(os.listdir(tmp_path)) == ['iter_2.pth', 'last_checkpoint']
+    assert sorted(os.listdir(tmp_path / 'iter_2.pth')) == ['rank0.pth', 'rank1.pth']
+    (tmp_path / 'iter_4.pth.tmp').mkdir()  # a killed sharded save
+    (tmp_path / 'iter_4.pth.tmp' / 'rank0.pth').write_bytes(b'')
+    hook.before_train(runner)
+    assert sorted(os.listdir(tmp_path)) == ['iter_2.pth', 'last_checkpoint']
+
+
 def test_resume_skips_an_incomplete_last_checkpoint(tmp_path):
     torch.save({'state_dict': {'w': torch.ones(3)}, 'meta': {}}, tmp_path / 'iter_4.pth')
     torch.save({'state_dict': {'w': torch.ones(1000)}, 'meta': {}}, tmp_path / 'iter_8.pth')

@@ -246,19 +246,31 @@ def _no_torch_state_left():
     assert not left, f'the test left torch settings changed (before, after): {left}'
 
 
-@pytest.fixture(autouse=True)
-def _restore_mmengine_instances(monkeypatch):
-    """Whatever named instance a test makes (a default scope, a logger, a message hub, a
-    visualizer writing into the test's folder) is gone after it: the test sees a copy of each of
-    mmengine's instance tables, as ``DefaultScope.overwrite_default_scope`` does. (A later test's
-    Runner would take an earlier one's visualizer, and write into that test's removed folder.)"""
+def _managers() -> list:
+    """mmengine's classes with a table of named instances (``ManagerMixin`` and its subclasses
+    imported so far)."""
     from mmengine.utils import ManagerMixin
-    todo = [ManagerMixin]
+    found, todo = [], [ManagerMixin]
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())
         if '_instance_dict' in vars(cls):
-            monkeypatch.setattr(cls, '_instance_dict', copy.copy(cls._instance_dict))
+            found.append(cls)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _restore_mmengine_instances():
+    """Whatever named instance a test makes (a default scope, a logger, a message hub, a
+    visualizer writing into the test's folder) is gone after it, also of the classes first
+    imported during the test; what existed before stays. (A later test's Runner would take an
+    earlier one's visualizer, and write into that test's removed folder.)"""
+    before = {cls: set(vars(cls)['_instance_dict']) for cls in _managers()}
+    yield
+    for cls in _managers():
+        table = vars(cls)['_instance_dict']
+        for key in [k for k in table if k not in before.get(cls, ())]:
+            del table[key]
 
 
 def analysis_tool(name: str):

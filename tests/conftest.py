@@ -301,14 +301,7 @@ def run_in_process(monkeypatch, script: str, *args) -> int:
     # and the test's given back after: the configs name their visualizer 'visualizer', and an
     # earlier run's (with that run's backends) would otherwise be taken
     from collections import OrderedDict
-
-    from mmengine.utils import ManagerMixin
-    managed, todo = [], [ManagerMixin]
-    while todo:
-        cls = todo.pop()
-        managed.append(cls)
-        todo.extend(cls.__subclasses__())
-    for cls in managed:
+    for cls in _managers():
         monkeypatch.setattr(cls, '_instance_dict', OrderedDict())
     monkeypatch.setattr(sys, 'argv', [script, *map(str, args)])
     monkeypatch.setattr(sys, 'path', list(sys.path))

@@ -37,6 +37,14 @@ def _commit(tmp: str, final: str) -> None:
     _fsync_path(osp.dirname(osp.abspath(final)))
 
 
+def _remove(path: str) -> None:
+    """Remove a checkpoint file, or a sharded checkpoint's folder of per-process parts."""
+    if osp.isdir(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
+
+
 def _write_text_atomically(path: str, text: str) -> None:
     """``path`` holds ``text`` or, if writing fails, what it held before (no temporary file is
     left)."""
@@ -105,11 +113,7 @@ class CrashSafeCheckpointHook(CheckpointHook):
                              + re.escape(_TMP))
         for name in os.listdir(self.out_dir):
             if pattern.fullmatch(name):
-                path = osp.join(self.out_dir, name)
-                if osp.isdir(path):  # a sharded checkpoint: a folder of per-process parts
-                    shutil.rmtree(path)
-                else:
-                    os.remove(path)
+                _remove(osp.join(self.out_dir, name))
                 print_log(f'removed {name}, left by a save that was interrupted',
                           logger='current', level=logging.WARNING)
 
@@ -138,10 +142,8 @@ class CrashSafeCheckpointHook(CheckpointHook):
             _commit(self.last_ckpt + _TMP, self.last_ckpt)
             _write_text_atomically(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
         except OSError as e:  # last_checkpoint still names the previous complete checkpoint
-            if osp.isdir(self.last_ckpt + _TMP):
-                shutil.rmtree(self.last_ckpt + _TMP)
-            elif osp.exists(self.last_ckpt + _TMP):
-                os.remove(self.last_ckpt + _TMP)
+            if osp.exists(self.last_ckpt + _TMP):
+                _remove(self.last_ckpt + _TMP)
             raise _write_failed(self.last_ckpt, e, _previous_checkpoint(runner.work_dir)) from e
         if stale is not None:
             old = self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(stale))

@@ -18,13 +18,18 @@
 #   - the active virtualenv instead, if one is active; there a supported torch that imports is kept,
 #     with the constraints of the stack of its minor version (torch 2.1.x: torch2.1)
 #   - mmcv 2.1.0 with its ops: a wheel from PIP_FIND_LINKS or from this script's own cache
-#     (~/.cache/deepvit_mm/wheels/torch-<version>/, DEEPVIT_MM_WHEELS to move it), else compiled
-#     once (~18 min on 2 cores) into that cache, from the registry's source with mmcv's
+#     (~/.cache/deepvit_mm/wheels/torch-<version>[-sm_<arch>]/, DEEPVIT_MM_WHEELS to move it), else
+#     compiled once (~18 min on 2 cores; with CUDA ops ~28 min an arch) into that cache, from the
+#     registry's source with mmcv's
 #     get_version mended for Python 3.13, its -std=c++17 raised to C++20 for torch >= 2.14 (whose
 #     headers refuse anything older), and setuptools < 82 while it builds (its setup.py imports
 #     pkg_resources; the stack's own setuptools is put back after). A wheel built for another torch fails
 #     `import mmcv.ops` ("undefined symbol"): such an mmcv is removed and built again, and pip's
 #     wheel cache is never used for it (it keys a local build by its source, not by the torch)
+#   - mmcv's CUDA ops where torch is a CUDA build and sees a GPU, or with FORCE_CUDA=1: the nvcc
+#     of torch's CUDA (the machine's, else the registry's for the build only), torch's own CUDA
+#     headers, and the archs of the visible GPUs or of MMCV_CUDA_ARCH (tools/mmcv_build.py says
+#     how each is found); the wheel is checked for them (on the GPU where there is one)
 #   - this package (editable) with mmengine, mmdet, mmseg, timm... and its tests and deploy extras,
 #     pinned by the stack's constraints; torch, torchvision and mmcv are checked to be unchanged
 set -euo pipefail
@@ -108,7 +113,8 @@ installed() {
   "$PY" -c 'import hashlib, importlib.metadata as m; print(hashlib.sha256("\n".join(sorted(
 "%s==%s" % (d.metadata["Name"], d.version) for d in m.distributions())).encode()).hexdigest()[:16])'
 }
-WANT=$(cat "$ROOT"/requirements/*.txt setup.py deepvit_mm/version.py | sha256sum | cut -c1-16)
+WANT=$( (cat "$ROOT"/requirements/*.txt setup.py deepvit_mm/version.py
+         echo "${FORCE_CUDA:-0} ${MMCV_CUDA_ARCH:-} ${TORCH_CUDA_ARCH_LIST:-}") | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT-$(installed)" ]; then
   exit 0
 fi
@@ -159,34 +165,63 @@ build_mmcv() {  # $1: the folder the wheel goes to
   [ -n "$src" ] || { cat "$work/download.log" >&2; echo "[setup] could not fetch mmcv 2.1.0's source" >&2; exit 1; }
   # get_version for Python 3.13, -std=c++20 for torch >= 2.14 (tools/mmcv_build.py says why)
   "$PY" "$ROOT/tools/mmcv_build.py" mend "$src/setup.py"
-  MMCV_WITH_OPS=1 FORCE_CUDA="${FORCE_CUDA:-0}" MAX_JOBS="${MAX_JOBS:-2}" PIP_FIND_LINKS= \
-    "$PY" -m pip wheel --disable-pip-version-check --no-deps --no-build-isolation --no-cache-dir \
-    -w "$1" "$src"
+  # a CUDA build: nvcc (the registry's installed into $work/cuda where none here fits), CPATH
+  local cuda_env=''
+  if [ -n "$CUDA_PLAN" ]; then
+    cuda_env=$("$PY" "$ROOT/tools/mmcv_build.py" cuda-toolkit --prefix "$work/cuda") || exit 2
+  fi
+  (eval "$cuda_env"
+   MMCV_WITH_OPS=1 FORCE_CUDA="${FORCE_CUDA:-0}" MAX_JOBS="${MAX_JOBS:-$(nproc)}" PIP_FIND_LINKS= \
+     "$PY" -m pip wheel --disable-pip-version-check --no-deps --no-build-isolation --no-cache-dir \
+     -w "$1" "$src")
   "${PIP[@]}" -q "$(pin setuptools)"
   rm -rf "$work"
 }
+# A CUDA build (torch is a CUDA build and sees a GPU, or FORCE_CUDA=1): FORCE_CUDA,
+# TORCH_CUDA_ARCH_LIST and MMCV_ARCH_KEY (the wheel cache's key) exported; nothing for the CPU.
+# Where it cannot be had, one line says what to install.
+CUDA_PLAN=$("$PY" "$ROOT/tools/mmcv_build.py" cuda-plan) || exit 2
+eval "$CUDA_PLAN"
 mmcv_ok() { "$PY" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '2.1.0'" 2>/dev/null; }
-# its compiled ops run and give what they must (nms, RoIAlign forward and backward)
-mmcv_ops_ok() { "$PY" "$ROOT/tools/mmcv_build.py" check; }
-if ! mmcv_ok; then
-  if "$PY" -m pip show -q mmcv 2>/dev/null; then
+# a CUDA build: the installed mmcv's ops were compiled with torch's CUDA
+mmcv_cuda_ok() {
+  [ -z "$CUDA_PLAN" ] || "$PY" -c "import torch; from mmcv.ops import get_compiling_cuda_version as v
+assert v() == '.'.join(torch.version.cuda.split('.')[:2]), v()" 2>/dev/null
+}
+# its compiled ops run and give what they must (nms, RoIAlign forward and backward; a CUDA build:
+# on the GPU against the CPU where one is visible, its device code listed for the archs asked)
+mmcv_ops_ok() { "$PY" "$ROOT/tools/mmcv_build.py" check ${CUDA_PLAN:+--cuda-arch "$TORCH_CUDA_ARCH_LIST"}; }
+if ! mmcv_ok || ! mmcv_cuda_ok; then
+  if mmcv_ok; then
+    echo "[setup] the installed mmcv has no CUDA ops of torch's CUDA (built for the CPU?): replacing it"
+    "$PY" -m pip uninstall -y -q mmcv
+  elif "$PY" -m pip show -q mmcv 2>/dev/null; then
     echo "[setup] the installed mmcv does not import with this torch (built for another one?): replacing it"
     "$PY" -m pip uninstall -y -q mmcv
   fi
   TORCH_VER=$("$PY" -c 'import torch; print(torch.__version__)')
-  CACHE="${DEEPVIT_MM_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/deepvit_mm/wheels}/torch-$TORCH_VER"
+  CACHE="${DEEPVIT_MM_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/deepvit_mm/wheels}/torch-$TORCH_VER${MMCV_ARCH_KEY:+-$MMCV_ARCH_KEY}"
   MMCV=(--no-build-isolation --no-cache-dir -c "$CONSTRAINTS" "mmcv==2.1.0")
-  if PIP_FIND_LINKS="$CACHE ${PIP_FIND_LINKS:-}" "${PIP[@]}" -q --only-binary mmcv "${MMCV[@]}" \
-      2>/dev/null && mmcv_ok; then
-    echo "[setup] mmcv 2.1.0 installed from a wheel (PIP_FIND_LINKS or $CACHE)"
+  # a CUDA build takes its wheel from its own cache only: PIP_FIND_LINKS' wheels of the same
+  # name are CPU builds
+  LINKS="$CACHE ${PIP_FIND_LINKS:-}"
+  [ -z "$CUDA_PLAN" ] || LINKS="$CACHE"
+  if PIP_FIND_LINKS="$LINKS" "${PIP[@]}" -q --only-binary mmcv "${MMCV[@]}" \
+      2>/dev/null && mmcv_ok && mmcv_cuda_ok; then
+    echo "[setup] mmcv 2.1.0 installed from a wheel ($LINKS)"
   else
     "$PY" -m pip uninstall -y -q mmcv 2>/dev/null || true
-    echo "[setup] compiling mmcv 2.1.0 with ops for torch $TORCH_VER (~18 min on 2 cores, once: the wheel is kept in $CACHE)"
+    if [ -n "$CUDA_PLAN" ]; then
+      echo "[setup] compiling mmcv 2.1.0 with CUDA ops for torch $TORCH_VER, TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST (~28 min on 2 cores, once: the wheel is kept in $CACHE; it runs on GPUs of these archs only)"
+    else
+      echo "[setup] compiling mmcv 2.1.0 with ops for torch $TORCH_VER (~18 min on 2 cores, once: the wheel is kept in $CACHE)"
+    fi
     mkdir -p "$CACHE"
     rm -f "$CACHE"/mmcv-*-"$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"-*.whl
     build_mmcv "$CACHE"
     PIP_FIND_LINKS="$CACHE" "${PIP[@]}" --only-binary mmcv "${MMCV[@]}"
     mmcv_ok || { echo "[setup] mmcv 2.1.0 was built but 'import mmcv.ops' fails" >&2; exit 1; }
+    mmcv_cuda_ok || { echo "[setup] mmcv 2.1.0 was built without CUDA ops" >&2; exit 1; }
   fi
   mmcv_ops_ok
 fi

@@ -19,7 +19,12 @@ from deepvit_mm.apis import (  # noqa: E402
     set_vis_backends,
 )
 from deepvit_mm.checkpoints import require_complete_model, resolve_checkpoint  # noqa: E402
-from deepvit_mm.engine import allocator_note, setup_cpu_distributed, setup_cpu_malloc  # noqa: E402
+from deepvit_mm.engine import (  # noqa: E402
+    allocator_note,
+    mmcv_ops_device_problem,
+    setup_cpu_distributed,
+    setup_cpu_malloc,
+)
 
 
 def parse_args():
@@ -75,6 +80,9 @@ def main():
     if args.tta:
         enable_tta(cfg)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    problem = mmcv_ops_device_problem(runner.model)  # a GPU model, mmcv built for the CPU
+    if problem:
+        sys.exit(problem)
     if malloc:
         runner.logger.info(allocator_note(malloc))
     # as tools/train.py: what exists now is never walked by a collection again while testing;

@@ -19,6 +19,7 @@ from deepvit_mm.engine import (  # noqa: E402
     CheckpointWriteError,
     allocator_note,
     fit_precision_to_device,
+    mmcv_ops_device_problem,
     setup_cpu_distributed,
     setup_cpu_malloc,
 )
@@ -67,6 +68,9 @@ def main():
     precision_note = fit_precision_to_device(cfg)  # float16 recipes on a machine without a GPU
     setup_cpu_distributed(cfg)  # gloo on a machine without CUDA; GPU runs: mmengine's own
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    problem = mmcv_ops_device_problem(runner.model)  # a GPU model, mmcv built for the CPU
+    if problem:
+        sys.exit(problem)
     if malloc:
         runner.logger.info(allocator_note(malloc))
     if precision_note:

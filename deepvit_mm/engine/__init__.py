@@ -9,7 +9,9 @@ import.
   (layer-wise lr decay, weight-decay exemptions);
 - ``distributed``: distributed runs on CPU processes (gloo) through mmengine's Runner (``ddp``),
   sharded training (FSDP) through mmengine's FlexibleRunner, on GPUs and CPUs (``fsdp``);
-- ``allocator``: the CPU runs' malloc (tcmalloc preloaded by the tools, glibc tuned).
+- ``allocator``: the CPU runs' malloc (tcmalloc preloaded by the tools, glibc tuned);
+- ``mmcv_ops``: whether mmcv's compiled ops run on the model's device (a GPU model beside an mmcv
+  built for the CPU stops before the run).
 """
 from .allocator import (
     MALLOC_ENV,
@@ -36,6 +38,7 @@ from .hooks import (
     FiniteLossHook,
     RNGStateHook,
 )
+from .mmcv_ops import mmcv_ops_device_problem
 from .optimizers import (
     ColumnarLayerDecayOptimizerConstructor,
     CPUAmpOptimWrapper,
@@ -45,7 +48,7 @@ from .optimizers import (
 
 __all__ = ['CheckConsumersHook', 'CrashSafeCheckpointHook', 'CheckpointWriteError',
            'FiniteLossHook', 'RNGStateHook', 'FastestStepHook',
-           'CPUAmpOptimWrapper', 'fit_precision_to_device',
+           'CPUAmpOptimWrapper', 'fit_precision_to_device', 'mmcv_ops_device_problem',
            'ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
            'CPUDistributedDataParallel', 'setup_cpu_distributed',
            'CPUFullyShardedDataParallel', 'GlobalNormFSDPStrategy', 'columnar_block_policy',

@@ -232,17 +232,42 @@ def predict(cfg, model) -> list:
     return result
 
 
+@pytest.fixture
+def mmcv_ext_calls(monkeypatch):
+    """The names of mmcv's compiled functions (``mmcv._ext``) called during a test."""
+    import mmcv._ext as ext
+    calls = set()
+
+    def recording(name, fn):
+        def call(*args, **kwargs):
+            calls.add(name)
+            return fn(*args, **kwargs)
+        return call
+    for name in dir(ext):
+        if not name.startswith(('_', 'get_compil')) and callable(getattr(ext, name)):
+            monkeypatch.setattr(ext, name, recording(name, getattr(ext, name)))
+    return calls
+
+
 @pytest.mark.parametrize('arch,family', CASES)
 @pytest.mark.slow
-def test_stock_architecture_trains_and_predicts(tmp_path, arch, family):
+def test_stock_architecture_trains_and_predicts(tmp_path, arch, family, mmcv_ext_calls):
     """Two training steps and a prediction of a stock architecture with the backbone. Up to ~30 s
     for the DETR-like ones (six-layer encoders and decoders at 256 channels), ~2-10 s for the
-    others."""
+    others. Every mmcv compiled op that ran is among those ``mmcv_ops_used`` finds in the model
+    before it runs (tools/train.py stops a GPU run of them beside an mmcv built for the CPU); it
+    finds more than run here where an op's CPU path is PyTorch's (MultiScaleDeformableAttention)
+    or no box passed the score threshold (nms)."""
+    from deepvit_mm.engine.mmcv_ops import mmcv_ops_used
     cfg = arch_config(tmp_path, arch, family)
     model = build_model(cfg)
     assert type(model.backbone).__name__ == family
+    found = mmcv_ops_used(model)
     train_two_steps(cfg, model)
     predict(cfg, model)
+    ran_nms = {c for c in mmcv_ext_calls if 'nms' in c}
+    assert 'nms' in found or not ran_nms, (found, sorted(mmcv_ext_calls))
+    assert set(found) - {'nms'} or not mmcv_ext_calls - ran_nms, (found, sorted(mmcv_ext_calls))
 
 
 # ------------------------------------------------------------------------------ the levels fed

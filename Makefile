@@ -1,6 +1,7 @@
 # The README's two commands. Each first runs tools/setup_env.sh, which creates/uses the stack's
-# virtualenv (or the active one) and installs whatever is missing. STACK=newest (default: torch
-# 2.13.0, .venv) or STACK=torch2.1 (torch 2.1.0 + numpy < 2, .venv-torch2.1): the two stacks CI tests.
+# virtualenv (or the active one) and installs whatever is missing. STACK=newest (default, .venv) or
+# STACK=torch2.1 (numpy < 2, .venv-torch2.1): the two stacks CI tests (deepvit_mm/version.py's
+# TESTED has their versions).
 # PYTHON: the interpreter the virtualenv is made with (`make setup PYTHON=python3.12`; default
 # python3, or the virtualenv's own once made); each stack takes the Pythons of version.py's PYTHONS.
 STACK ?= newest
@@ -19,12 +20,9 @@ setup:
 # mAP on the held-out split, draw its predictions into $(DEMO_DIR)/<timestamp>/vis, the feature
 # maps of DEMO_FEATMAP_IMAGES held-out images into featmaps/ and the training curves into
 # curves.png beside it (docs/visualization.md), and say where.
-# OpenMP's own wait policy: its threads spin a while between parallel regions. With
-# OMP_WAIT_POLICY=PASSIVE (they sleep at once) each of a step's thousands of parallel regions waits
-# for a thread to wake, and the demo's 2-thread step took 0.92-1.02 s instead of 0.79-0.83 s on a
-# 2-core AMD EPYC (docs/training.md#threads-and-openmps-wait-policy). Where another job takes the
-# cores, spinning threads are slower (2.6 s against 1.2 s sleeping), and the demo config's
-# FastestStepHook then trains on 1 thread (1.1 s), which spins not at all.
+# OpenMP's wait policy is left as it is (its threads spin a while between parallel regions):
+# sleeping at once slows the demo's step (docs/training.md#threads-and-openmps-wait-policy has
+# the measurement).
 # DEMO_VAL: iterations between the held-out evaluations during training (the mAP curve's points;
 # docs/visualization.md#what-make-demo-writes has their cost); DEMO_FEATMAP_IMAGES: the held-out
 # images whose feature maps are drawn.

@@ -5,7 +5,7 @@ torch/torchvision and mmcv are not install_requires: torch's build is machine-sp
 must be compiled against the installed torch (see tools/setup_env.sh). ``import deepvit_mm``
 checks them and says what to do. The other libraries' ranges are ``deepvit_mm/version.py``'s
 ``SUPPORTED``, the ones ``import deepvit_mm`` accepts, so that pip refuses what import would.
-mmdet and mmsegmentation (``FAMILIES``) are each optional, one is needed: the extras ``det``,
+mmdet and mmsegmentation (``TOOLBOXES``) are each optional, one is needed: the extras ``det``,
 ``seg`` and ``all`` (both) install them, e.g. ``pip install -c requirements/constraints.txt -e
 ".[all]"``.
 """
@@ -35,13 +35,13 @@ def _requirements(*pkgs: str) -> list:
     return [f'{pkg}>={supported[pkg][0]},<{supported[pkg][1]}' for pkg in pkgs]
 
 
-def _family_extras() -> dict:
-    """One extra per library of ``version.FAMILIES`` (``det``: mmdet, ``seg``: mmsegmentation),
+def _toolbox_extras() -> dict:
+    """One extra per library of ``version.TOOLBOXES`` (``det``: mmdet, ``seg``: mmsegmentation),
     with what its import needs beside it, and ``all``: both."""
     needs = {'mmdet': ['pycocotools'],
              'mmsegmentation': ['ftfy', 'regex']}  # mmseg.utils imports them
-    extras = {family['extra']: _requirements(pkg) + needs[pkg]
-              for pkg, family in _version_py()['FAMILIES'].items()}
+    extras = {toolbox['extra']: _requirements(pkg) + needs[pkg]
+              for pkg, toolbox in _version_py()['TOOLBOXES'].items()}
     extras['all'] = [r for reqs in extras.values() for r in reqs]
     return extras
 
@@ -124,7 +124,7 @@ setup(
     ],
     extras_require={
         # mmdet and/or mmsegmentation: `.[det]`, `.[seg]`, `.[all]` (import needs one of them)
-        **_family_extras(),
+        **_toolbox_extras(),
         # `mim train|test|search deepvit_mm ...`; opendatalab 0.0.10, openmim's newest pick,
         # requires openxlab, which pins setuptools 60.2.0 (a downgrade of the user's)
         'mim': ['openmim', 'opendatalab<0.0.10'],

@@ -24,7 +24,7 @@ run in float32 while CPU autocast is on (``deepvit_mm.engine.optimizers.mmcv_ops
 """
 import os
 
-from ._deps import check_versions, family_install, installed_families
+from ._deps import check_versions, installed_toolboxes, toolbox_install
 from .version import __version__
 
 check_versions()
@@ -68,7 +68,7 @@ __all__ = ['__version__', 'XCiT', 'CaiT', 'TimmViT', 'TimmEVA', 'TimmBEiT', 'Col
            'ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
            'read_checkpoint', 'load_weights', 'trusted_checkpoints', 'install_mmengine_loader']
 
-if 'mmdet' in installed_families():
+if 'mmdet' in installed_toolboxes():
     from .models.roi_heads import CPUSingleRoIExtractor  # noqa: F401  (in __all__)
     __all__.append('CPUSingleRoIExtractor')
 
@@ -76,5 +76,5 @@ if 'mmdet' in installed_families():
 def __getattr__(name: str):
     if name == 'CPUSingleRoIExtractor':  # only here without mmdet
         raise AttributeError(f'deepvit_mm.CPUSingleRoIExtractor extends mmdet\'s RoI extractor, '
-                             f'and mmdet is not installed: {family_install("mmdet")}')
+                             f'and mmdet is not installed: {toolbox_install("mmdet")}')
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

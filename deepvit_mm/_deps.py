@@ -2,7 +2,7 @@
 
 The ranges (``version.SUPPORTED``) run from the oldest to the newest stack CI tests
 (``version.TESTED``); a message outside them names both stacks and how to set one up. mmdet and
-mmsegmentation (``version.FAMILIES``) are each optional, one of them is needed. Known to
+mmsegmentation (``version.TOOLBOXES``) are each optional, one of them is needed. Known to
 break inside the ranges, and checked here: numpy 2 beside a torch compiled against numpy 1 (torch
 2.1 cannot exchange arrays with it; pip pulls numpy 2 in through the newest opencv-python).
 """
@@ -11,10 +11,10 @@ import sys
 from importlib import metadata
 from typing import Dict, List, Optional, Tuple
 
-from .version import ALSO_TESTED, FAMILIES, FLOORS, LIMITS, PYTHON, SUPPORTED, TESTED, release, supported
+from .version import ALSO_TESTED, FLOORS, LIMITS, PYTHON, SUPPORTED, TESTED, TOOLBOXES, release, supported
 
 __all__ = ['check_versions', 'python_problem', 'python_range', 'version_problems', 'numpy_problem',
-           'tested_versions', 'installed_families', 'family_install', 'missing_family_message']
+           'tested_versions', 'installed_toolboxes', 'toolbox_install', 'missing_toolbox_message']
 
 FIX = (f'Set up a tested stack: `make setup` (torch {TESTED["newest"]["torch"]}) or `make setup '
        f'STACK=torch2.1` (torch {TESTED["torch2.1"]["torch"]}, numpy < 2), or in an existing '
@@ -42,23 +42,23 @@ def _version(pkg: str, installed: Optional[Dict[str, Optional[str]]] = None) -> 
         return None
 
 
-def installed_families(installed: Optional[Dict[str, Optional[str]]] = None) -> List[str]:
-    """The distributions of ``FAMILIES`` installed (``'mmdet'``, ``'mmsegmentation'``), in its
+def installed_toolboxes(installed: Optional[Dict[str, Optional[str]]] = None) -> List[str]:
+    """The distributions of ``TOOLBOXES`` installed (``'mmdet'``, ``'mmsegmentation'``), in its
     order; ``installed`` (distribution -> version or None) instead of the environment's."""
     if installed is None:
-        return list(_families_here())
-    return [pkg for pkg in FAMILIES if _version(pkg, installed) is not None]
+        return list(_toolboxes_here())
+    return [pkg for pkg in TOOLBOXES if _version(pkg, installed) is not None]
 
 
 @functools.cache
-def _families_here() -> Tuple[str, ...]:
+def _toolboxes_here() -> Tuple[str, ...]:
     """The environment's answer, looked up once a process: every registration asks, and each
     metadata lookup scans the distributions on ``sys.path``."""
-    return tuple(pkg for pkg in FAMILIES if _version(pkg) is not None)
+    return tuple(pkg for pkg in TOOLBOXES if _version(pkg) is not None)
 
 
-def family_install(*pkgs: str) -> str:
-    """The command that installs ``pkgs`` of ``FAMILIES`` at their tested versions, e.g.
+def toolbox_install(*pkgs: str) -> str:
+    """The command that installs ``pkgs`` of ``TOOLBOXES`` at their tested versions, e.g.
     ``pip install -c requirements/constraints.txt "mmsegmentation==1.2.2" (torch 2.1 stack: ...)``."""
     specs = []
     for pkg in pkgs:
@@ -70,15 +70,15 @@ def family_install(*pkgs: str) -> str:
             f'-c {files["torch2.1"]})')
 
 
-def missing_family_message(scope: str, why: Optional[str] = None) -> Optional[str]:
+def missing_toolbox_message(scope: str, why: Optional[str] = None) -> Optional[str]:
     """None if the library of configs with ``default_scope=scope`` is installed (or ``scope`` is
-    none of ``FAMILIES``'), else what to install: ``this config is an mmsegmentation config
+    none of ``TOOLBOXES``'), else what to install: ``this config is an mmsegmentation config
     (default_scope='mmseg') and mmsegmentation is not installed: pip install ...``; ``why``
     replaces ``default_scope='mmseg'``."""
-    for pkg, family in FAMILIES.items():
-        if family['scope'] == scope and pkg not in installed_families():
+    for pkg, toolbox in TOOLBOXES.items():
+        if toolbox['scope'] == scope and pkg not in installed_toolboxes():
             return (f'this config is an {pkg} config ({why or f"default_scope={scope!r}"}) and '
-                    f'{pkg} is not installed: {family_install(pkg)}')
+                    f'{pkg} is not installed: {toolbox_install(pkg)}')
     return None
 
 
@@ -103,13 +103,13 @@ def python_problem(python: Optional[str] = None) -> Optional[str]:
 def version_problems(installed: Optional[Dict[str, Optional[str]]] = None,
                      python: Optional[str] = None) -> List[str]:
     """One line per dependency that is missing or outside ``SUPPORTED`` (Python ``python``, default
-    this one, first); ``FAMILIES`` are optional, but one of them is needed."""
+    this one, first); ``TOOLBOXES`` are optional, but one of them is needed."""
     problem = python_problem(python)
     problems = [problem] if problem else []
     for pkg, (lo, hi) in SUPPORTED.items():
         v = _version(pkg, installed)
         need = f'need >={lo},<{hi}; tested: {tested_versions(pkg)}'
-        if v is None and pkg in FAMILIES:
+        if v is None and pkg in TOOLBOXES:
             continue
         if v is None:
             problems.append(f'{pkg} is not installed ({need})')
@@ -117,10 +117,10 @@ def version_problems(installed: Optional[Dict[str, Optional[str]]] = None,
             reasons = LIMITS if release(v) >= release(lo) else FLOORS
             why = f': {reasons[pkg]}' if pkg in reasons else ''
             problems.append(f'{pkg} {v} is not supported ({need}){why}')
-    if not installed_families(installed):
-        names = ' nor '.join(FAMILIES)
+    if not installed_toolboxes(installed):
+        names = ' nor '.join(TOOLBOXES)
         problems.append(f'neither {names} is installed: deepvit_mm needs one of them, the one '
-                        f'whose configs you run, or both: {family_install(*FAMILIES)}')
+                        f'whose configs you run, or both: {toolbox_install(*TOOLBOXES)}')
     return problems
 
 

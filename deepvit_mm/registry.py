@@ -3,26 +3,26 @@ decorator."""
 import importlib
 from typing import List, TypeVar
 
-from ._deps import installed_families
-from .version import FAMILIES
+from ._deps import installed_toolboxes
+from .version import TOOLBOXES
 
-__all__ = ['register_model', 'family_registries', 'MMDET_MODELS', 'MMSEG_MODELS']
+__all__ = ['register_model', 'toolbox_registries', 'MMDET_MODELS', 'MMSEG_MODELS']
 
 T = TypeVar('T', bound=type)
 
 
 def _registry(pkg: str, name: str):
-    """The registry ``name`` of ``pkg`` (a ``version.FAMILIES`` distribution), or None when it is
+    """The registry ``name`` of ``pkg`` (a ``version.TOOLBOXES`` distribution), or None when it is
     not installed."""
-    if pkg not in installed_families():
+    if pkg not in installed_toolboxes():
         return None
-    return getattr(importlib.import_module(f'{FAMILIES[pkg]["module"]}.registry'), name)
+    return getattr(importlib.import_module(f'{TOOLBOXES[pkg]["module"]}.registry'), name)
 
 
-def family_registries(name: str) -> List:
+def toolbox_registries(name: str) -> List:
     """The registry ``name`` (``'MODELS'``, ``'OPTIM_WRAPPER_CONSTRUCTORS'``) of mmdet and of
-    mmseg, of those installed (``version.FAMILIES``)."""
-    return [_registry(pkg, name) for pkg in installed_families()]
+    mmseg, of those installed (``version.TOOLBOXES``)."""
+    return [_registry(pkg, name) for pkg in installed_toolboxes()]
 
 
 MMDET_MODELS = _registry('mmdet', 'MODELS')  # None without mmdet
@@ -32,6 +32,6 @@ MMSEG_MODELS = _registry('mmsegmentation', 'MODELS')  # None without mmsegmentat
 def register_model(cls: T) -> T:
     """Class decorator: make ``cls`` buildable by ``type=cls.__name__`` in mmdet and mmseg (those
     installed)."""
-    for models in family_registries('MODELS'):
+    for models in toolbox_registries('MODELS'):
         models.register_module(module=cls)
     return cls

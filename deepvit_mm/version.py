@@ -48,9 +48,10 @@ SUPPORTED = {
     'mmsegmentation': ('1.2.2', '1.3.0'),
     'timm': ('1.0.16', '1.1.0'),
 }
-# The libraries whose models the backbones go into, each optional (``import deepvit_mm`` needs one
-# or both): its module, the ``default_scope`` of its configs, and setup.py's extra installing it.
-FAMILIES = {
+# The OpenMMLab toolboxes (their own word for mmdet and mmseg) whose models the backbones go into,
+# each optional (``import deepvit_mm`` needs one or both): its module, the ``default_scope`` of its
+# configs, and setup.py's extra installing it.
+TOOLBOXES = {
     'mmdet': dict(module='mmdet', scope='mmdet', extra='det'),
     'mmsegmentation': dict(module='mmseg', scope='mmseg', extra='seg'),
 }

@@ -5,7 +5,7 @@ import pytest
 
 from deepvit_mm import XCiT
 from deepvit_mm._deps import FIX, numpy_problem, version_problems
-from deepvit_mm.version import ALSO_TESTED, FAMILIES, LIMITS, SUPPORTED, TESTED
+from deepvit_mm.version import ALSO_TESTED, LIMITS, SUPPORTED, TESTED, TOOLBOXES
 
 
 def _stack(name):
@@ -105,11 +105,11 @@ def test_python_outside_the_tested_range_is_named(python, expect):
 
 @pytest.mark.parametrize('left_out', [('mmdet',), ('mmsegmentation',)])
 def test_mmdet_and_mmsegmentation_are_each_optional(left_out):
-    """One of them is enough (tests/test_one_family.py runs deepvit_mm so); one present outside
+    """One of them is enough (tests/test_one_toolbox.py runs deepvit_mm so); one present outside
     its range is still refused."""
     stack = dict(_stack('newest'), **{pkg: None for pkg in left_out})
     assert version_problems(stack) == []
-    (present,) = set(FAMILIES) - set(left_out)
+    (present,) = set(TOOLBOXES) - set(left_out)
     (problem,) = version_problems(dict(stack, **{present: '0.1.0'}))
     assert problem.startswith(f'{present} 0.1.0 is not supported')
 

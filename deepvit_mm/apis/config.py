@@ -12,10 +12,10 @@ import torch.nn as nn
 from mmengine.config import Config, ConfigDict
 from mmengine.logging import print_log
 
-from .._deps import missing_family_message
+from .._deps import missing_toolbox_message
 from ..models.utils.consumers import check_model
 from ..utils import meta_device
-from ..version import FAMILIES
+from ..version import TOOLBOXES
 
 __all__ = ['task_of', 'task_registry', 'read_config', 'load_config', 'build_from_config',
            'num_classes_of',
@@ -35,12 +35,12 @@ def task_of(cfg: Config) -> str:
     if scope not in ('mmdet', 'mmseg'):
         raise ValueError(f'unsupported default_scope {scope!r}: configs must inherit an mmdet or '
                          'mmseg base (default_scope "mmdet" or "mmseg").')
-    _require_family(scope)
+    _require_toolbox(scope)
     return 'det' if scope == 'mmdet' else 'seg'
 
 
-def _require_family(scope: str, why: Optional[str] = None) -> None:
-    message = missing_family_message(scope, why)
+def _require_toolbox(scope: str, why: Optional[str] = None) -> None:
+    message = missing_toolbox_message(scope, why)
     if message:
         raise ImportError(message, name=scope)
 
@@ -67,20 +67,20 @@ def read_config(path: str) -> Config:
         if e.name == 'pkg_resources':
             raise ImportError(f'{path}: {PKG_RESOURCES_GONE}', name='pkg_resources') from None
         message = None
-        for pkg, family in FAMILIES.items():
-            scope = family['scope']
+        for pkg, toolbox in TOOLBOXES.items():
+            scope = toolbox['scope']
             # mmengine's Config._get_cfg_path (0.10.3, 0.10.7) for a `_base_ = '<scope>::...'` of
             # a library that is not installed; a pure-Python config's import: ModuleNotFoundError
             if str(e).startswith(f'{pkg} is not installed'):
-                message = missing_family_message(scope, f'its _base_ reads {scope}::')
-            elif (e.name or '').split('.')[0] == family['module']:
-                message = missing_family_message(scope, f"it imports {family['module']}")
+                message = missing_toolbox_message(scope, f'its _base_ reads {scope}::')
+            elif (e.name or '').split('.')[0] == toolbox['module']:
+                message = missing_toolbox_message(scope, f"it imports {toolbox['module']}")
             if message:
                 break
         else:
             raise
         raise ImportError(message, name=scope) from None
-    _require_family(cfg.get('default_scope'))  # a scope of no family needs nothing
+    _require_toolbox(cfg.get('default_scope'))  # a scope of neither toolbox needs nothing
     return cfg
 
 
@@ -92,7 +92,7 @@ def task_registry(task: str, name: str = 'MODELS'):
         ImportError: that library is not installed; the message says what to install.
     """
     if task in ('det', 'seg'):
-        _require_family('mmdet' if task == 'det' else 'mmseg')
+        _require_toolbox('mmdet' if task == 'det' else 'mmseg')
     if task == 'seg':
         import mmseg.registry as registry
         from mmseg.utils import register_all_modules

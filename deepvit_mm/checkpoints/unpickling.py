@@ -10,7 +10,7 @@
 * ``classify_load_error``: what a failed ``torch.load`` / ``load_weights_only`` met. torch raises
   ``pickle.UnpicklingError`` both for a global it refuses and for a truncated pickle, and
   ``RuntimeError`` for a damaged zip archive, so the kind is read from the messages of torch
-  2.1.0 and 2.13.0 (their texts are in the function).
+  2.1 and of the newest tested torch (their texts are in the function).
 """
 import _compat_pickle
 import pickle

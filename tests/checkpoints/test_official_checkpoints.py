@@ -238,7 +238,7 @@ def test_tools_test_on_generated_ade20k_returns_miou(tmp_path, server, monkeypat
     """`tools/test.py CONFIG URL` on the generated ADE20k-format data, with a checkpoint in the
     official layout (mmseg 0.x meta data) served over HTTP: it is downloaded, loads completely and
     mIoU comes out; a backbone-only checkpoint is refused (it would evaluate to nothing). (The
-    tool runs in this process: tests/test_one_family.py starts it as a process.)"""
+    tool runs in this process: tests/test_one_toolbox.py starts it as a process.)"""
     from deepvit_tools.demo_data import make_ade_demo
     data = tmp_path / 'ade'
     make_ade_demo(str(data), num_train=1, num_val=3, size=128, seed=3)

@@ -281,7 +281,7 @@ def test_wheel_requires_what_import_accepts(installed):
     version.SUPPORTED's, its Requires-Python version.PYTHON; mmdet and mmsegmentation come only
     with their extras (``det``, ``seg``, ``all``), as import needs one of them, not both; the
     extras pin nothing that downgrades setuptools further than below 82."""
-    from deepvit_mm.version import FAMILIES, PYTHON, SUPPORTED
+    from deepvit_mm.version import PYTHON, SUPPORTED, TOOLBOXES
     (meta,) = glob.glob(str(installed / '*.dist-info' / 'METADATA'))
     requires = re.findall(r'^Requires-Dist: (.+)$', open(meta).read(), flags=re.M)
     for pkg in ('mmengine', 'mmdet', 'mmsegmentation', 'timm'):
@@ -290,8 +290,8 @@ def test_wheel_requires_what_import_accepts(installed):
         for line in lines:
             assert set(re.findall(r'[<>=!]+[\w.]+', line.split(';')[0])) == {f'>={lo}', f'<{hi}'}, line
         markers = sorted(line.partition(';')[2].strip() for line in lines)
-        if pkg in FAMILIES:
-            assert markers == sorted(f'extra == "{e}"' for e in ('all', FAMILIES[pkg]['extra'])), lines
+        if pkg in TOOLBOXES:
+            assert markers == sorted(f'extra == "{e}"' for e in ('all', TOOLBOXES[pkg]['extra'])), lines
         else:
             assert markers == [''], lines
     assert [r for r in requires if r.startswith('opendatalab')] and all(

@@ -3,7 +3,7 @@ scaling), and ``fit_precision_to_device`` for the fp16 recipes. mmcv's compiled 
 kernels take float32 only, run in float32 under the wrapper's autocast
 (``mmcv_ops_in_float32``).
 
-Where torch releases differ (torch 2.1.0 and 2.13.0 tested): float16 training on CPU needs
+Where torch releases differ (the two tested stacks' torches): float16 training on CPU needs
 ``torch.amp.GradScaler('cpu')`` (torch 2.3+) and float16 CPU autocast; torch 2.1 has neither (its
 CPU autocast turns itself off for float16), so there float16 is refused with what to do
 (``cpu_float16_training_problem``; ``cpu_grad_scaler``). mmengine's ``AmpOptimWrapper.__init__``

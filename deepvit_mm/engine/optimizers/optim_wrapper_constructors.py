@@ -41,7 +41,7 @@ from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_CONSTRUCTOR
 from torch.nn.modules.batchnorm import _NormBase
 
 from ...models.backbones.columnar import ColumnarBackbone
-from ...registry import family_registries
+from ...registry import toolbox_registries
 
 __all__ = ['ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
            'no_weight_decay_names', 'layer_ids']
@@ -286,6 +286,6 @@ class NoDecayOnScalesOptimizerConstructor(_ShardAware, DefaultOptimWrapperConstr
                 group['weight_decay'] = 0.
 
 
-for _registry in [MMENGINE_CONSTRUCTORS] + family_registries('OPTIM_WRAPPER_CONSTRUCTORS'):
+for _registry in [MMENGINE_CONSTRUCTORS] + toolbox_registries('OPTIM_WRAPPER_CONSTRUCTORS'):
     _registry.register_module(module=ColumnarLayerDecayOptimizerConstructor)
     _registry.register_module(module=NoDecayOnScalesOptimizerConstructor)

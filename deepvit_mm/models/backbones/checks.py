@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from ...compat.torch import autocast_enabled
 from ...tracing import in_graph_capture
+from ...version import TESTED
 
 __all__ = ['check_arguments', 'check_out_indices', 'check_compile_blocks', 'blocks_compile_problem',
            'inductor_cache_problem', 'check_input', 'check_finite', 'free_memory']
@@ -103,22 +104,21 @@ def check_compile_blocks(name: str, compile_blocks) -> Optional[dict]:
 def blocks_compile_problem() -> Optional[str]:
     """None if ``torch.compile`` compiles a module in place (``nn.Module.compile``) and traces
     every block's copy of a part as one graph (dynamo's ``inline_inbuilt_nn_modules``, always on in
-    torch 2.13; torch 2.1 has ``nn.Module.compile`` without it), else why not and what to do
-    instead (the backbones' ``compile_blocks``)."""
+    the newest tested torch; torch 2.1 has ``nn.Module.compile`` without it), else why not and what
+    to do instead (the backbones' ``compile_blocks``)."""
     if hasattr(nn.Module, 'compile'):
         import importlib
         import warnings
         dynamo_config = importlib.import_module('torch._dynamo.config')
-        with warnings.catch_warnings():  # deprecated where it is always on (torch 2.13: True)
+        with warnings.catch_warnings():  # deprecated where it is always on
             warnings.simplefilter('ignore', FutureWarning)
             if getattr(dynamo_config, 'inline_inbuilt_nn_modules', False):
                 return None
     return (f'torch {torch.__version__} compiles each block\'s copy of a part as a graph of its '
-            'own (torch 2.1.0, XCiT-N12/8\'s 8 blocks: 16 compilations before the first step, '
-            'against 2 with torch 2.13.0, whose dynamo inlines the modules; the time it takes: '
-            'docs/training.md#compiling-the-backbone). Leave '
-            'compile_blocks off here, or use a torch with nn.Module.compile and '
-            'torch._dynamo.config.inline_inbuilt_nn_modules (torch 2.13.0 is tested).')
+            'own (its dynamo does not inline modules; the time it takes: '
+            'docs/training.md#compiling-the-backbone). Leave compile_blocks off here, or use a '
+            'torch with nn.Module.compile and torch._dynamo.config.inline_inbuilt_nn_modules '
+            f'(torch {TESTED["newest"]["torch"]} is tested).')
 
 
 def inductor_cache_problem() -> Optional[str]:

@@ -85,7 +85,7 @@ class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, MemoryGuard, Colum
             each part once). A dict gives ``torch.compile``'s options (``mode``, ``backend``,
             ``options``; ``dynamic`` defaults to True). What runs around those parts (norms,
             residuals, stochastic depth, a family's own layers) stays eager. Needs a torch whose
-            dynamo inlines modules (``checks.blocks_compile_problem``: torch 2.13, not 2.1).
+            dynamo inlines modules (``checks.blocks_compile_problem``: not torch 2.1).
             Warns where ``ATEN_CPU_CAPABILITY`` is set and inductor's cache is shared
             (``checks.inductor_cache_problem``).
             docs/training.md#compiling-the-backbone has what it gains. Default: False.

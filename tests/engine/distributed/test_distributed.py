@@ -456,7 +456,7 @@ def test_sharded_checkpoints_are_read_by_every_tool(sharded, mmengine_fsdp, shap
     (one process, the plain config), load_from starts from it, the inferencers draw with it. A
     sharded one (state_dict_cfg='local': a folder of per-process parts) is refused, saying what to
     do, by the tools and by the loader given one of its parts. (tools/test.py runs in this
-    process: tests/test_one_family.py starts it as one; the sharded checkpoint is
+    process: tests/test_one_toolbox.py starts it as one; the sharded checkpoint is
     ``mmengine_fsdp``'s.) ~10-20 s: tools/test.py's evaluation."""
     from deepvit_mm.apis import build_inferencer
     ckpt = sharded[0] / f'iter_{ITERS}.pth'

@@ -19,11 +19,11 @@ import pytest
 from conftest import DEMO_DET, DEMO_SEG, ROOT
 
 from deepvit_mm.apis.config import PKG_RESOURCES_GONE
-from deepvit_mm.version import FAMILIES, TESTED
+from deepvit_mm.version import TESTED, TOOLBOXES
 
 SITE_PACKAGES = sorted({os.path.realpath(p) for p in site.getsitepackages()})
 # per library present: the other's package and distribution, its demo, the other's demo
-FAMILY = {
+TOOLBOX = {
     'mmdet': dict(left_out=('mmseg', 'mmsegmentation'), demo=DEMO_DET, other='mmsegmentation',
                   other_demo=DEMO_SEG),
     'mmsegmentation': dict(left_out=('mmdet',), demo=DEMO_SEG, other='mmdet', other_demo=DEMO_DET),
@@ -121,10 +121,10 @@ def _import_code() -> str:
     return """
         import importlib, json, pkgutil
         import deepvit_mm
-        from deepvit_mm.registry import MMDET_MODELS, MMSEG_MODELS, family_registries
+        from deepvit_mm.registry import MMDET_MODELS, MMSEG_MODELS, toolbox_registries
         from mmengine.registry import HOOKS
         models = MMDET_MODELS if MMDET_MODELS is not None else MMSEG_MODELS
-        constructors = family_registries('OPTIM_WRAPPER_CONSTRUCTORS')
+        constructors = toolbox_registries('OPTIM_WRAPPER_CONSTRUCTORS')
         needs_mmdet = 'deepvit_mm.models.roi_heads'  # and the modules below it
         for m in pkgutil.walk_packages(deepvit_mm.__path__, 'deepvit_mm.'):
             if MMDET_MODELS is not None or not m.name.startswith(needs_mmdet):
@@ -145,26 +145,26 @@ def _import_code() -> str:
         """
 
 
-def _configs_code(family: str, tmp_path) -> str:
+def _configs_code(toolbox: str, tmp_path) -> str:
     """What test_configs_build_and_the_others_say_what_to_install reads: one line of JSON."""
-    other = FAMILY[family]['other']
-    scope = FAMILIES[other]['scope']
+    other = TOOLBOX[toolbox]['other']
+    scope = TOOLBOXES[other]['scope']
     return f"""
         import json
         import deepvit_mm
         from mmengine.config import Config
         from deepvit_mm.apis import (build_from_config, load_config, prepare_config, read_config,
                                         task_registry)
-        model, task = build_from_config({FAMILY[family]['demo']!r})
+        model, task = build_from_config({TOOLBOX[toolbox]['demo']!r})
         errors = []
         user = os.path.join({str(tmp_path)!r}, 'user.py')  # a user's config on the library's own
         with open(user, 'w') as f:
             f.write("_base_ = '{scope}::_base_/default_runtime.py'\\n")
-        for call in (lambda: read_config({FAMILY[family]['other_demo']!r}),
+        for call in (lambda: read_config({TOOLBOX[toolbox]['other_demo']!r}),
                      lambda: read_config(user),
-                     lambda: load_config({FAMILY[family]['other_demo']!r}),
-                     lambda: build_from_config({FAMILY[family]['other_demo']!r}),
-                     lambda: prepare_config({FAMILY[family]['other_demo']!r}),
+                     lambda: load_config({TOOLBOX[toolbox]['other_demo']!r}),
+                     lambda: build_from_config({TOOLBOX[toolbox]['other_demo']!r}),
+                     lambda: prepare_config({TOOLBOX[toolbox]['other_demo']!r}),
                      lambda: build_from_config(Config(dict(default_scope={scope!r}, model={{}}))),
                      lambda: task_registry({'seg' if scope == 'mmseg' else 'det'!r})):
             try:
@@ -177,44 +177,44 @@ def _configs_code(family: str, tmp_path) -> str:
 
 
 @pytest.fixture(scope='module')
-def in_family(site_without, tmp_path_factory):
-    """``in_family(family)``: one fresh interpreter per family (made once) builds the configs,
+def in_toolbox(site_without, tmp_path_factory):
+    """``in_toolbox(toolbox)``: one fresh interpreter per toolbox (made once) builds the configs,
     imports every module, then runs tools/train.py and tools/test.py on the other library's demo
     config: what the three tests below read (``configs``, ``imports``: a dict each; ``refused``:
     the two tools' ``CompletedProcess``; ``work``: the work dir they were given)."""
     done = {}
 
-    def run(family):
-        if family not in done:
+    def run(toolbox):
+        if toolbox not in done:
             tmp = tmp_path_factory.mktemp('user')
             probe = tmp / 'probe.py'
-            probe.write_text('import os, sys\n' + textwrap.dedent(_configs_code(family, tmp))
+            probe.write_text('import os, sys\n' + textwrap.dedent(_configs_code(toolbox, tmp))
                              + textwrap.dedent(_import_code()))
             checkpoint = tmp / 'model.pth'
             checkpoint.write_bytes(b'')  # read only after the config
-            args = (FAMILY[family]['other_demo'], '--work-dir', tmp / 'work')
+            args = (TOOLBOX[toolbox]['other_demo'], '--work-dir', tmp / 'work')
             out, *refused = _run_tools_without(
-                site_without(FAMILY[family]['left_out']), (probe,), ('train.py', *args),
+                site_without(TOOLBOX[toolbox]['left_out']), (probe,), ('train.py', *args),
                 ('test.py', args[0], checkpoint, *args[1:]))
             assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
             configs, imports = out.stdout.strip().splitlines()[-2:]
-            done[family] = dict(configs=json.loads(configs), imports=json.loads(imports),
+            done[toolbox] = dict(configs=json.loads(configs), imports=json.loads(imports),
                                 refused=refused, work=tmp / 'work')
-        return done[family]
+        return done[toolbox]
     return run
 
 
-@pytest.mark.parametrize('family', sorted(FAMILY))
-def test_import_registers_in_the_installed_library(in_family, family):
+@pytest.mark.parametrize('toolbox', sorted(TOOLBOX))
+def test_import_registers_in_the_installed_library(in_toolbox, toolbox):
     """The backbones, optimizer constructors (and, with mmdet, CPUSingleRoIExtractor) are in the
     installed library's registries; every module of the package but those of the other's models
-    imports. ~5-15 s: the family's interpreter (shared with the configs' and the tools' tests)."""
-    got = in_family(family)['imports']
-    det = family == 'mmdet'
+    imports. ~5-15 s: the toolbox's interpreter (shared with the configs' and the tools' tests)."""
+    got = in_toolbox(toolbox)['imports']
+    det = toolbox == 'mmdet'
     assert got['registries'] == [det, not det]
     assert got['backbones'] == [True, True] and got['hooks'] == [True, True]
     assert got['constructors'] == [1, True, True]
-    assert got['loaded'] == [FAMILIES[family]['module']]
+    assert got['loaded'] == [TOOLBOXES[toolbox]['module']]
     assert got['roi_extractor'] is det
     if det:
         assert got['roi'] == 'importable'
@@ -222,16 +222,16 @@ def test_import_registers_in_the_installed_library(in_family, family):
         assert f'mmdet is not installed: {_pip_install("mmdet")}' in got['roi'], got['roi']
 
 
-@pytest.mark.parametrize('family', sorted(FAMILY))
-def test_configs_build_and_the_others_say_what_to_install(in_family, family):
+@pytest.mark.parametrize('toolbox', sorted(TOOLBOX))
+def test_configs_build_and_the_others_say_what_to_install(in_toolbox, toolbox):
     """The library's demo builds; the other's config, read, loaded, built, prepared for the tools
     or given as a Config, and a user's config inheriting the other's (``mmseg::``), stop with one
-    message: what to install. ~5-15 s: the family's interpreter (shared with the import and the
+    message: what to install. ~5-15 s: the toolbox's interpreter (shared with the import and the
     tools' tests)."""
-    other = FAMILY[family]['other']
-    scope = FAMILIES[other]['scope']
-    got = in_family(family)['configs']
-    assert got['task'] == ('det' if family == 'mmdet' else 'seg') and got['backbone'] == 'XCiT'
+    other = TOOLBOX[toolbox]['other']
+    scope = TOOLBOXES[other]['scope']
+    got = in_toolbox(toolbox)['configs']
+    assert got['task'] == ('det' if toolbox == 'mmdet' else 'seg') and got['backbone'] == 'XCiT'
     install = f'{other} is not installed: {_pip_install(other)}'
     for i, error in enumerate(got['errors']):
         assert error is not None, i
@@ -248,13 +248,13 @@ def test_configs_build_and_the_others_say_what_to_install(in_family, family):
     assert f"(default_scope={scope!r})" in got['errors'][5][1]
 
 
-@pytest.mark.parametrize('family', sorted(FAMILY))
-def test_tools_refuse_the_others_configs_in_one_line(in_family, family):
+@pytest.mark.parametrize('toolbox', sorted(TOOLBOX))
+def test_tools_refuse_the_others_configs_in_one_line(in_toolbox, toolbox):
     """With one library left out, tools/train.py and tools/test.py refuse the other's config in one
-    line, and make no work dir. ~5-15 s: the family's interpreter (shared with the two tests
+    line, and make no work dir. ~5-15 s: the toolbox's interpreter (shared with the two tests
     above)."""
-    other = FAMILY[family]['other']
-    got = in_family(family)
+    other = TOOLBOX[toolbox]['other']
+    got = in_toolbox(toolbox)
     assert [out.args[0] for out in got['refused']] == ['train.py', 'test.py']
     for out in got['refused']:
         assert out.returncode == 1 and 'Traceback' not in out.stderr, out.stderr[-3000:]
@@ -263,10 +263,10 @@ def test_tools_refuse_the_others_configs_in_one_line(in_family, family):
     assert not got['work'].exists()
 
 
-def _demo_options(family: str, data: str) -> list:
+def _demo_options(toolbox: str, data: str) -> list:
     """--cfg-options of a 2-step run of the demo on tiny data, and of its test."""
     loaders = ['num_workers=0', 'persistent_workers=False']
-    if family == 'mmdet':
+    if toolbox == 'mmdet':
         return ([f'train_dataloader.dataset.data_root={data}/', 'model.backbone.arch=nano_12_p16',
                  'train_dataloader.batch_size=1', 'train_dataloader.dataset.pipeline.2.scale=(96,64)',
                  'train_dataloader.dataset.pipeline.2.keep_ratio=False',
@@ -281,37 +281,37 @@ def _demo_options(family: str, data: str) -> list:
             [f'test_dataloader.dataset.data_root={data}'] + [f'test_dataloader.{o}' for o in loaders])
 
 
-@pytest.mark.parametrize('family', sorted(FAMILY))
-def test_tools_train_and_test_the_demo(site_without, family, tmp_path, request):
+@pytest.mark.parametrize('toolbox', sorted(TOOLBOX))
+def test_tools_train_and_test_the_demo(site_without, toolbox, tmp_path, request):
     """tools/train.py and the library's own train tool each train the library's demo 2 steps,
     tools/test.py evaluates the checkpoint; without ``pkg_resources`` (setuptools >= 82), which
     the recipes' bases do not need. ~20-40 s: a fresh interpreter running the three tools."""
-    if family == 'mmdet':
+    if toolbox == 'mmdet':
         data = request.getfixturevalue('shapes')
     else:
         from deepvit_tools.demo_data import make_ade_demo
         data = str(tmp_path / 'ade')
         make_ade_demo(data, num_train=4, num_val=1, size=128)
-    site_dir = site_without(FAMILY[family]['left_out'] + ('pkg_resources',))
-    train, test = _demo_options(family, data)
+    site_dir = site_without(TOOLBOX[toolbox]['left_out'] + ('pkg_resources',))
+    train, test = _demo_options(toolbox, data)
     work = tmp_path / 'work'
     options = ['--cfg-options', *train, 'train_cfg.max_iters=2', 'val_cfg=None', 'val_dataloader=None',
                'val_evaluator=None', 'default_hooks.logger.interval=1',
                'default_hooks.checkpoint.interval=2']
-    module = FAMILIES[family]['module']
+    module = TOOLBOXES[toolbox]['module']
     own = os.path.join(os.path.dirname(importlib.util.find_spec(module).origin), '.mim', 'tools',
                        'train.py')
     # ours first, in the fresh interpreter; the library's own tool last
     ours, out, theirs = _run_tools_without(
-        site_dir, ('train.py', FAMILY[family]['demo'], '--work-dir', work, *options),
-        ('test.py', FAMILY[family]['demo'], work / 'iter_2.pth', '--work-dir', work / 'test',
+        site_dir, ('train.py', TOOLBOX[toolbox]['demo'], '--work-dir', work, *options),
+        ('test.py', TOOLBOX[toolbox]['demo'], work / 'iter_2.pth', '--work-dir', work / 'test',
          '--cfg-options', *test),
-        (own, FAMILY[family]['demo'], '--work-dir', work / module, *options), timeout=600)
+        (own, TOOLBOX[toolbox]['demo'], '--work-dir', work / module, *options), timeout=600)
     for run in (ours, theirs):
         assert run.returncode == 0, (run.args[0], (run.stdout + run.stderr)[-3000:])
         assert 'Iter(train) [2/2]' in run.stdout + run.stderr, run.args[0]
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    metric = 'coco/bbox_mAP' if family == 'mmdet' else 'mIoU'
+    metric = 'coco/bbox_mAP' if toolbox == 'mmdet' else 'mIoU'
     assert f'{metric}:' in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
 
 

@@ -19,7 +19,7 @@ TESTED = {
 }
 
 # Releases newer than the newest stack's that the whole suite ran on once, outside CI, each in a
-# virtualenv that held it before the set-up ran (docs/install.md#where-the-whole-suite-ran): the
+# virtualenv that held it before the set-up ran (docs/install.md#how-long-the-suite-takes): the
 # range reaches their minor's patch releases.
 ALSO_TESTED = {'torch': '2.15.0', 'torchvision': '0.29.2'}
 

@@ -130,9 +130,8 @@ def pretrained_init_cfg(name: str, pretrained: Optional[str],
 
 class ColumnarArguments:
     """Mixin of ``ColumnarBackbone``: its arguments checked (``parse_args``, a classmethod that
-    builds nothing; a family adds its own), its arch table looked into (``resolve_arch``,
-    ``default_out_indices``, ``feature_levels``), and what the arguments fixed (``self.args``)
-    as read-only attributes.
+    builds nothing; a family adds its own) and its arch table looked into (``resolve_arch``,
+    ``default_out_indices``, ``feature_levels``).
 
     A family sets ``arch_zoo`` (short name -> ``ArchSpec``) and ``name_pattern`` (a regex that
     turns a timm model name into a short name).
@@ -192,94 +191,6 @@ class ColumnarArguments:
                              f'{args.kept_blocks}] (also the first k of the {args.kept_blocks} '
                              'blocks used).')
         ColumnarPyramid.check_strides(args.tap_stride, args.out_strides)
-
-    # what the arguments fixed (``self.args``): plain properties, which torch 2.1's dynamo guards
-    # (a property made by a function would hold its name in a closure, which 2.1 cannot guard)
-    @property
-    def arch(self) -> str:
-        """The arch: a key of ``arch_zoo``."""
-        return self.args.arch
-
-    @property
-    def out_indices(self) -> Tuple[int, ...]:
-        """The 0-based blocks tapped."""
-        return self.args.out_indices
-
-    @property
-    def out_strides(self) -> Tuple[int, ...]:
-        """The strides of the pyramid levels."""
-        return self.args.out_strides
-
-    @property
-    def pyramid(self) -> str:
-        """``'columnar'`` or ``'simple'``."""
-        return self.args.pyramid
-
-    @property
-    def norm_cfg(self) -> Mapping:
-        """The norm layers of the conv parts."""
-        return self.args.norm_cfg
-
-    @property
-    def frozen_stages(self) -> int:
-        """See the class docstring."""
-        return self.args.frozen_stages
-
-    @property
-    def norm_eval(self) -> bool:
-        """See the class docstring."""
-        return self.args.norm_eval
-
-    @property
-    def with_cp(self) -> bool:
-        """See the class docstring."""
-        return self.args.with_cp
-
-    @property
-    def tap_stride(self) -> int:
-        """The stride of the taps (``ColumnarArgs.tap_stride``)."""
-        return self.args.tap_stride
-
-    @property
-    def pad_to(self) -> int:
-        """What ``pad_input`` pads an input's sides to a multiple of."""
-        return self.args.pad_to
-
-    @property
-    def _kept_blocks(self) -> int:
-        """The blocks the trunk keeps: those up to the last tap."""
-        return self.args.kept_blocks
-
-    @property
-    def pad_input(self) -> bool:
-        """See the class docstring; may be switched on a built backbone (it changes no weight)."""
-        return self.args.pad_input
-
-    @pad_input.setter
-    def pad_input(self, value: bool) -> None:
-        self.args = dataclasses.replace(self.args, pad_input=bool(value))
-
-    @property
-    def depth(self) -> int:
-        """The arch's depth (the trunk keeps ``_kept_blocks`` of them)."""
-        return self.args.spec.depth
-
-    @property
-    def patch_size(self) -> int:
-        return self.args.spec.patch_size
-
-    @property
-    def embed_dim(self) -> int:
-        return self.args.spec.embed_dim
-
-    @property
-    def in_chans(self) -> int:
-        return self.args.trunk_kwargs.get('in_chans', 3)
-
-    @property
-    def out_channels(self) -> List[int]:
-        """Channels of each level (a neck's ``in_channels``)."""
-        return [self.embed_dim] * len(self.out_strides)
 
     # ----------------------------------------------------------------- architecture table
     @classmethod

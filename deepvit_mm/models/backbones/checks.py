@@ -5,7 +5,7 @@ Constructor arguments the trunk would reject with an unhelpful message or accept
 take (``check_input``: shape, channels, dtype, size, from the tensor's metadata alone;
 ``check_finite``: NaN, which reads the values), and the free memory a forward is checked against
 (``free_memory``; the estimate of what a forward needs is the family's,
-``memory.MemoryGuard._activation_bytes``).
+``ColumnarBackbone._activation_bytes``).
 
 Reading a value of a GPU tensor (``check_finite``) or asking the GPU for its free memory waits for
 every kernel queued before it: the host cannot run ahead of the GPU. ``ColumnarBackbone`` therefore

@@ -3,9 +3,9 @@
 A family (XCiT, CaiT, TimmViT, TimmEVA, TimmBEiT) subclasses ``ColumnarBackbone`` and provides only
 what its paper makes different: the architecture table, how to build the timm trunk, how to take the
 taps, and how to convert its official checkpoints' keys. Building, padding, input checks, the
-forward and freezing (``frozen_stages``, ``norm_eval``, ``with_cp``) are here; the arguments and
-the arch table in ``arguments``, the memory guard in ``memory``, which family a checkpoint is in
-``families``, weight loading in ``weights`` (mixins of the class).
+forward and freezing (``frozen_stages``, ``norm_eval``, ``with_cp``) are here; the memory guard
+is ``memory.check_memory``; the arguments and the arch table (``arguments``), which family a
+checkpoint is (``families``) and weight loading (``weights``) are mixins of the class.
 """
 import warnings
 from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple, Type, Union
@@ -18,35 +18,27 @@ from mmengine.model import BaseModule
 
 from ...tracing import in_graph_capture
 from ..layers import BatchNormBase
-from .arch_table import ArchSpec
 from .arguments import (
     ColumnarArgs,
     ColumnarArguments,
-    FeatureLevels,
-    even_taps,
-    paper_taps,
     pretrained_init_cfg,
 )
 from .checks import blocks_compile_problem, check_finite, check_input, inductor_cache_problem
 from .columnar_pyramid import ColumnarPyramid
-from .families import CheckpointFamilies, count_blocks
+from .families import CheckpointFamilies
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
-from .memory import MemoryGuard
+from .memory import check_memory
 from .timm_releases import drop_pruned_classifier_parameters
 from .weights import ColumnarWeights
 
-# ColumnarArgs, ArchSpec, FeatureLevels, even_taps, paper_taps and count_blocks live in the modules
-# named for them; they stay importable from here
-__all__ = ['ColumnarBackbone', 'ColumnarArgs', 'ArchSpec', 'FeatureLevels', 'count_blocks',
-           'even_taps', 'paper_taps']
+__all__ = ['ColumnarBackbone']
 
 
-class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, MemoryGuard, ColumnarWeights,
-                       BaseModule):
+class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, ColumnarWeights, BaseModule):
     """Base class of columnar (single-stride) transformer backbones for mmdet and mmseg.
 
     The constructor checks its arguments first (``parse_args``: one frozen ``ColumnarArgs``,
-    ``self.args``, that the attributes ``arch``, ``out_indices``, ``pad_to``... read), then builds
+    ``self.args``, whose values it sets as attributes: ``arch``, ``out_indices``, ``pad_to``...), then builds
     the trunk, prunes it after the last tap, builds the pyramid and freezes what is asked.
     Families define ``arch_zoo`` (short name -> ``ArchSpec``), ``name_pattern`` (a regex that
     turns a timm model name into a short name), ``classifier_parts``, ``checkpoint_filter``,
@@ -121,6 +113,17 @@ class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, MemoryGuard, Colum
                  pretrained: Optional[str] = None, **kwargs) -> None:
         super().__init__(init_cfg=pretrained_init_cfg(type(self).__name__, pretrained, init_cfg))
         self.args = args = self.parse_args(arch, **kwargs)
+        # what the arguments fix, as attributes (``pad_input`` may be switched on a built
+        # backbone: it changes no weight)
+        self.arch, self.out_indices, self.out_strides = args.arch, args.out_indices, args.out_strides
+        self.pyramid, self.norm_cfg, self.pad_input = args.pyramid, args.norm_cfg, args.pad_input
+        self.frozen_stages, self.norm_eval, self.with_cp = \
+            args.frozen_stages, args.norm_eval, args.with_cp
+        self.depth, self.patch_size, self.embed_dim = \
+            args.spec.depth, args.spec.patch_size, args.spec.embed_dim
+        self.in_chans = args.trunk_kwargs.get('in_chans', 3)
+        self.tap_stride, self.pad_to, self.kept_blocks = args.tap_stride, args.pad_to, args.kept_blocks
+        self.out_channels = [self.embed_dim] * len(self.out_strides)  # a neck's in_channels
         # what forward checked that reads the device (checks.py): the values of its first input,
         # and per device the largest need of memory found free
         self._values_checked = False
@@ -191,6 +194,22 @@ class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, MemoryGuard, Colum
         """Parameters outside any module of ``_stem_modules`` that ``frozen_stages=0`` freezes."""
         return []
 
+    def _activation_bytes(self, batch: int, grid: Tuple[int, int], element: int,
+                          device: torch.device) -> int:
+        """A lower bound of the memory one forward needs beyond the weights (the memory guard,
+        ``memory.check_memory``): the family adds its attention (CaiT's is quadratic in tokens).
+        Here: four token maps of the widest block (input, norm, and the MLP's 4x hidden) live at
+        once; training keeps each block's."""
+        tokens = batch * grid[0] * grid[1]
+        per_block = tokens * self.embed_dim * element * 6
+        if torch.is_grad_enabled() and self.training and not self.with_cp:
+            return per_block * self.kept_blocks
+        return per_block
+
+    def _memory_remedy(self) -> str:
+        """What the memory guard's refusal tells the user to change."""
+        return 'use smaller inputs, or with_cp=True for training'
+
     # ----------------------------------------------------------------- faster forward
     def _get_fast_path(self) -> Union[bool, str]:
         return self._fast_path
@@ -249,7 +268,7 @@ class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, MemoryGuard, Colum
             if (H, W) != (h, w):
                 x = F.pad(x, (0, W - w, 0, H - h))
         if not in_graph_capture():
-            self._check_memory(x)
+            check_memory(self, x, self._memory_checked)
         with full_recomputation(self.with_cp):
             taps = self._forward_taps(x)
         if self.pyramid == 'simple':  # every level from the one tap

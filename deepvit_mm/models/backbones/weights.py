@@ -52,8 +52,8 @@ class ColumnarWeights:
         """Regexes of converted checkpoint keys dropped on purpose: the classifier and the blocks
         after the last tap (``checkpoints.WeightsTarget``)."""
         pats = [r'^trunk\.(' + '|'.join(self.classifier_parts) + r')(\.|$)']
-        if self._kept_blocks < self.depth:
-            pruned = '|'.join(str(i) for i in range(self._kept_blocks, self.depth))
+        if self.kept_blocks < self.depth:
+            pruned = '|'.join(str(i) for i in range(self.kept_blocks, self.depth))
             pats.append(rf'^trunk\.blocks\.({pruned})\.')
         return pats
 

@@ -134,7 +134,7 @@ class XCiT(ColumnarBackbone):
     def _frozen_modules(self) -> List[nn.Module]:
         mods = super()._frozen_modules()
         # F-SNE's codes serve every block: frozen only once all the blocks used are
-        if hasattr(self.trunk, 'qkv_codes') and self.frozen_stages >= self._kept_blocks:
+        if hasattr(self.trunk, 'qkv_codes') and self.frozen_stages >= self.kept_blocks:
             mods.append(self.trunk.qkv_codes)
         return mods
 

@@ -13,8 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .version import ALSO_TESTED, FLOORS, LIMITS, PYTHON, SUPPORTED, TESTED, TOOLBOXES, release, supported
 
-__all__ = ['check_versions', 'python_problem', 'python_range', 'version_problems', 'numpy_problem',
-           'tested_versions', 'installed_toolboxes', 'toolbox_install', 'missing_toolbox_message']
+__all__ = ['check_versions', 'installed_toolboxes', 'toolbox_install', 'missing_toolbox_message']
 
 FIX = (f'Set up a tested stack: `make setup` (torch {TESTED["newest"]["torch"]}) or `make setup '
        f'STACK=torch2.1` (torch {TESTED["torch2.1"]["torch"]}, numpy < 2), or in an existing '

@@ -18,10 +18,8 @@ from ..utils import meta_device
 from ..version import TOOLBOXES
 
 __all__ = ['task_of', 'task_registry', 'read_config', 'load_config', 'build_from_config',
-           'num_classes_of',
-           'prepare_config', 'enable_auto_scale_lr', 'set_test_out', 'enable_visualization',
-           'VIS_BACKENDS', 'vis_backend_types', 'set_vis_backends', 'TTA_SCALE_RATIOS',
-           'enable_tta']
+           'num_classes_of', 'prepare_config', 'set_test_out', 'enable_visualization',
+           'VIS_BACKENDS', 'vis_backend_types', 'set_vis_backends', 'enable_tta']
 
 
 def task_of(cfg: Config) -> str:

@@ -1,6 +1,6 @@
 """The one error every loading path raises for a checkpoint it cannot or must not load."""
 
-__all__ = ['CheckpointError', 'SHARDED_HINT']
+__all__ = ['CheckpointError']
 
 
 class CheckpointError(RuntimeError):

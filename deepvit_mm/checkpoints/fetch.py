@@ -38,7 +38,7 @@ import torch
 from .errors import SHARDED_HINT, CheckpointError
 from .integrity import sha256_of, structure_problem
 
-__all__ = ['HUB_PREFIX', 'resolve_checkpoint', 'download', 'cached_download_problem']
+__all__ = ['resolve_checkpoint', 'download']
 
 HUB_PREFIX = 'hf-hub:'
 HUB_FILES = ('model.safetensors', 'pytorch_model.bin')

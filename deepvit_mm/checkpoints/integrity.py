@@ -12,7 +12,7 @@ import hashlib
 import zipfile
 from typing import Optional
 
-__all__ = ['sha256_of', 'is_safetensors', 'is_zip', 'zip_problem', 'safetensors_problem', 'structure_problem']
+__all__ = ['sha256_of', 'zip_problem']
 
 
 def sha256_of(path: str, chunk: int = 1 << 22) -> str:

@@ -32,8 +32,8 @@ import torch.nn as nn
 
 from .errors import CheckpointError
 
-__all__ = ['WeightsTarget', 'weights_targets', 'extract_state_dict', 'LoadReport', 'LoadPlan',
-           'plan_load', 'load_weights', 'require_complete_model']
+__all__ = ['WeightsTarget', 'extract_state_dict', 'LoadReport', 'plan_load', 'load_weights',
+           'require_complete_model']
 
 
 @runtime_checkable

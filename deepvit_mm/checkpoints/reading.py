@@ -24,7 +24,7 @@ from .stored_config import neutralise_config_text
 from .trust import is_trusted, trust_hint
 from .unpickling import classify_load_error, load_weights_only
 
-__all__ = ['safe_globals', 'read_checkpoint', 'is_readable_checkpoint']
+__all__ = ['safe_globals', 'read_checkpoint']
 
 
 # --------------------------------------------------------------------------------------------

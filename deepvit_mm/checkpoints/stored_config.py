@@ -12,7 +12,7 @@ from typing import Mapping, Optional
 
 from .trust import trust_hint
 
-__all__ = ['config_text_problem', 'neutralise_config_text']
+__all__ = []
 
 # where mmengine (Runner.resume) and its inferencers (given no config) evaluate stored text
 _CONFIG_TEXT_PLACES = (('meta', 'config'), ('meta', 'cfg'), ('message_hub', 'runtime_info', 'cfg'))

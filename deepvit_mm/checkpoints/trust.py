@@ -9,7 +9,7 @@ import contextvars
 import os
 from typing import FrozenSet, Iterator
 
-__all__ = ['TRUST_ENV', 'trusted_checkpoints', 'is_trusted', 'trust_hint']
+__all__ = ['trusted_checkpoints']
 
 TRUST_ENV = 'DEEPVIT_MM_TRUSTED_CHECKPOINTS'
 # the files trusted by the enclosing `with trusted_checkpoints(...)` blocks of this thread/task

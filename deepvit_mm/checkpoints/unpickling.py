@@ -22,7 +22,7 @@ import torch
 
 from ..compat.torch import TORCH_VERSION
 
-__all__ = ['AllowedGlobal', 'RestrictedUnpickler', 'load_weights_only', 'classify_load_error']
+__all__ = []
 
 AllowedGlobal = Union[Callable, type, Tuple[Callable, str]]
 

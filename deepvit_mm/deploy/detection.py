@@ -25,8 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['batched_nms', 'clip_boxes', 'roi_features', 'rpn_proposals', 'bbox_detections',
-           'mask_probabilities', 'mask_rcnn_end_to_end']
+__all__ = []
 
 
 def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:

@@ -28,8 +28,8 @@ from ..compat.torch import TORCH_VERSION
 from ..version import FEATURE_FLOORS, release
 from .layers import export_forms
 
-__all__ = ['SIZE_DIVISOR', 'DYNAMIC_MIN', 'DYNAMIC_MAX', 'DEFAULT_OPSET', 'require', 'dynamic_range',
-           'load_model', 'export_onnx', 'onnxruntime_session', 'run_onnx', 'example_input',
+__all__ = ['SIZE_DIVISOR', 'DYNAMIC_MIN', 'DYNAMIC_MAX', 'dynamic_range', 'load_model',
+           'export_onnx', 'onnxruntime_session', 'run_onnx', 'example_input',
            'onnx_dynamo_export_problem']
 
 SIZE_DIVISOR = 32

@@ -9,7 +9,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
-__all__ = ['max_rel_err', 'match_detections', 'check_export']
+__all__ = ['max_rel_err', 'check_export']
 
 
 def max_rel_err(reference: Sequence[torch.Tensor], outputs: Sequence) -> float:

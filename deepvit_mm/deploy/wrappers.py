@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from .detection import mask_rcnn_end_to_end
 
-__all__ = ['BackboneForExport', 'SegmentorForExport', 'DetectorForExport', 'wrap_for_export']
+__all__ = ['DetectorForExport', 'wrap_for_export']
 
 
 class BackboneForExport(nn.Module):

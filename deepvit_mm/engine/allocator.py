@@ -23,8 +23,8 @@ import os
 import sys
 from typing import Optional
 
-__all__ = ['keep_freed_cpu_memory', 'cpu_allocator', 'find_tcmalloc', 'preload_tcmalloc',
-           'setup_cpu_malloc', 'allocator_note', 'release_free_memory', 'MALLOC_ENV']
+__all__ = ['keep_freed_cpu_memory', 'cpu_allocator', 'preload_tcmalloc', 'setup_cpu_malloc',
+           'allocator_note', 'release_free_memory']
 
 MALLOC_ENV = 'DEEPVIT_MALLOC'
 _RESTARTED_ENV = 'DEEPVIT_MALLOC_RESTARTED'  # set on the restart: never restart twice

@@ -15,7 +15,7 @@ from timm.layers import LayerNorm2d
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 
-__all__ = ['LayerNorm2d', 'BatchNormBase', 'ConvBase']
+__all__ = ['LayerNorm2d']
 
 BatchNormBase = _BatchNorm
 ConvBase = _ConvNd

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from .models import padded_size
 
-__all__ = ['TimmBaseline', 'GemmFloor', 'BASELINES']
+__all__ = ['BASELINES']
 
 # Trunk parts the backbones never build (the classification stages): not expected to load.
 _CLASSIFIER = ('cls_attn_blocks.', 'blocks_token_only.', 'cls_token', 'norm.', 'head.')

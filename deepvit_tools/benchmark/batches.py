@@ -9,7 +9,7 @@ from deepvit_mm.deploy.export import example_input
 
 from .models import num_classes_of
 
-__all__ = ['backbone_input', 'synthetic_data', 'synthetic_batch']
+__all__ = []
 
 
 def backbone_input(size: Tuple[int, int], batch: int = 1, device: str = 'cpu',

@@ -30,7 +30,7 @@ from .models import build_backbone, speed_options
 from .roofline import device_rates, pass_cost
 from .roofline import roofline as roofline_of
 
-__all__ = ['compare', 'compare_grid', 'err_key', 'eager_name', 'COMPILED']
+__all__ = ['compare', 'compare_grid']
 
 COMPILED = '_compiled'  # the suffix of a compiled model's name
 _DTYPE_NAMES = {torch.float32: 'fp32', torch.bfloat16: 'bf16', torch.float16: 'fp16'}

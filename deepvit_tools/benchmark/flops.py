@@ -28,8 +28,7 @@ from torch.utils._pytree import tree_flatten
 from .models import load_config, reference_forward
 from .report import fmt, size_str
 
-__all__ = ['DEFAULT_SHAPES', 'Op', 'WorkCounter', 'Part', 'FlopsReport', 'count_macs',
-           'attention_macs', 'backbone_macs', 'model_flops', 'config_flops', 'flops_markdown']
+__all__ = ['WorkCounter', 'config_flops', 'flops_markdown']
 
 # COCO's 800 x 1333 padded to a multiple of 32 (mmdet's preprocessor), ADE20k's 512 x 512 crops
 DEFAULT_SHAPES = {'det': (800, 1344), 'seg': (512, 512)}

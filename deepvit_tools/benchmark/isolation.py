@@ -6,7 +6,7 @@ import multiprocessing as mp
 import resource
 from typing import Any, Callable, Optional
 
-__all__ = ['IsolatedError', 'run_isolated']
+__all__ = []
 
 
 class IsolatedError(RuntimeError):

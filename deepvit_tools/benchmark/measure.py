@@ -32,8 +32,7 @@ from .models import (
     num_classes_of,
 )
 
-__all__ = ['PASSES', 'DTYPES', 'COMPARE_MODES', 'Case', 'parse_size', 'autocast_for', 'pass_runner',
-           'timings', 'operator_profile', 'measure', 'measure_isolated', 'measure_grid']
+__all__ = ['Case', 'parse_size', 'timings', 'measure', 'measure_isolated', 'measure_grid']
 
 PASSES = ('fwd', 'train', 'step')
 DTYPES = ('fp32', 'bf16', 'fp16')

@@ -10,7 +10,7 @@ from typing import Callable, Tuple
 
 import torch
 
-__all__ = ['MiB', 'current_rss', 'reset_peak_rss', 'peak_rss', 'peak_memory', 'tensor_peak']
+__all__ = ['MiB', 'tensor_peak']
 
 MiB = 1024 * 1024
 

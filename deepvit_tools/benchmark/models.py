@@ -9,9 +9,7 @@ import torch.nn as nn
 
 from deepvit_mm.apis.config import build_from_config, load_config, num_classes_of
 
-__all__ = ['is_config', 'model_label', 'backbone_family', 'build_backbone', 'load_config',
-           'build_from_config', 'num_classes_of', 'padded_size', 'backbone_info', 'speed_options',
-           'reference_forward']
+__all__ = ['load_config', 'build_from_config', 'num_classes_of']
 
 
 def is_config(model: str) -> bool:

@@ -13,8 +13,7 @@ import torch
 
 from deepvit_mm.engine.allocator import cpu_allocator
 
-__all__ = ['environment', 'fmt', 'size_str', 'markdown_table', 'comparison_rows', 'write_report',
-           'ROW_FIELDS', 'COMPARE_FIELDS']
+__all__ = ['environment', 'fmt', 'size_str', 'markdown_table', 'write_report']
 
 # benchmark.csv's columns, in order
 ROW_FIELDS = ['label', 'size', 'batch', 'dtype', 'mode', 'impl', 'device', 'threads', 'warmup',

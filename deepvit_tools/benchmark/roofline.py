@@ -16,7 +16,7 @@ from torch.utils.benchmark import Timer
 
 from .flops import WorkCounter
 
-__all__ = ['pass_cost', 'device_rates', 'roofline']
+__all__ = ['device_rates', 'roofline']
 
 
 def pass_cost(run: Callable[[], object]) -> Dict[str, object]:

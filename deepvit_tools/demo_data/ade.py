@@ -30,7 +30,7 @@ import numpy as np
 
 from .shapes import MIN_CONTRAST, SHAPE_CLASSES, DatasetError, background, shape_mask
 
-__all__ = ['ADE_DEMO_CLASSES', 'ADE_DEMO_LABELS', 'make_ade_demo', 'check_ade_dataset']
+__all__ = ['ADE_DEMO_CLASSES', 'make_ade_demo', 'check_ade_dataset']
 
 # ADE20k ids (1-based, as in the label PNGs) of the classes the scenes use. mmseg's 0-based class
 # index is the id - 1 (reduce_zero_label); ADE20KDataset.METAINFO['classes'][id - 1] is the name.

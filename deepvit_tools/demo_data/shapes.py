@@ -16,7 +16,7 @@ from typing import Dict, Sequence, Tuple
 import cv2
 import numpy as np
 
-__all__ = ['SHAPE_CLASSES', 'DatasetError', 'make_shapes_coco', 'check_coco_dataset']
+__all__ = ['DatasetError', 'make_shapes_coco']
 
 SHAPE_CLASSES: Tuple[str, ...] = ('circle', 'square', 'triangle')
 _REGEN = 'python tools/make_demo_data.py {root} --overwrite'

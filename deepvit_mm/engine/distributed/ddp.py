@@ -36,7 +36,7 @@ from mmengine.registry import MODEL_WRAPPERS
 from ...compat.torch import TORCH_VERSION
 from ...version import FEATURE_FLOORS, release
 
-__all__ = ['CPUDistributedDataParallel', 'setup_cpu_distributed', 'cpu_fsdp_problem']
+__all__ = ['CPUDistributedDataParallel', 'setup_cpu_distributed']
 
 
 def cpu_fsdp_problem() -> Optional[str]:

@@ -51,8 +51,7 @@ from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 from ...models.backbones.columnar import ColumnarBackbone
 from .ddp import without_sync_batchnorm
 
-__all__ = ['columnar_block_policy', 'GlobalNormFSDPStrategy', 'DDPNormClip',
-           'CPUFullyShardedDataParallel']
+__all__ = ['columnar_block_policy', 'GlobalNormFSDPStrategy', 'CPUFullyShardedDataParallel']
 
 
 def columnar_block_policy(module: nn.Module, recurse: bool, nonwrapped_numel: int = 0) -> bool:

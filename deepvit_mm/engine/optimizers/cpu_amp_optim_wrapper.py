@@ -29,8 +29,7 @@ from mmengine.registry import OPTIM_WRAPPERS
 from ...compat.torch import autocast_dtype, autocast_enabled
 from .mmcv_ops_in_float32 import run_mmcv_ops_in_float32
 
-__all__ = ['CPUAmpOptimWrapper', 'fit_precision_to_device', 'cpu_float16_training_problem',
-           'cpu_grad_scaler', 'cpu_has_bfloat16']
+__all__ = ['CPUAmpOptimWrapper', 'fit_precision_to_device', 'cpu_float16_training_problem']
 
 
 def cpu_float16_training_problem() -> Optional[str]:

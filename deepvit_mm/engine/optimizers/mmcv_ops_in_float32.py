@@ -23,7 +23,7 @@ import torch
 
 from ...compat.torch import autocast_enabled
 
-__all__ = ['run_mmcv_ops_in_float32']
+__all__ = []
 
 _MARK = '_deepvit_mm_float32'
 

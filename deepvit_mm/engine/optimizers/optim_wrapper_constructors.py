@@ -43,8 +43,7 @@ from torch.nn.modules.batchnorm import _NormBase
 from ...models.backbones.columnar import ColumnarBackbone
 from ...registry import toolbox_registries
 
-__all__ = ['ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
-           'no_weight_decay_names', 'layer_ids']
+__all__ = ['ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor']
 
 #: every normalisation layer type of this torch: ``_NormBase`` (private in torch) is the base of the
 #: batch and instance norms; ``nn.RMSNorm`` exists from torch 2.4

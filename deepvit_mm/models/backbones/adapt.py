@@ -13,7 +13,7 @@ from typing import Any, Optional, Type, TypeVar
 
 import torch.nn as nn
 
-__all__ = ['adapt', 'timm_class']
+__all__ = ['adapt']
 
 M = TypeVar('M', bound=nn.Module)
 

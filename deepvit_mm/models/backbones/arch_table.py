@@ -16,7 +16,7 @@ from timm.layers import to_2tuple
 from ...utils import meta_device
 from .timm_releases import create_model
 
-__all__ = ['ArchSpec', 'ArchTable', 'read_timm_arch']
+__all__ = ['ArchSpec', 'ArchTable']
 
 
 @dataclasses.dataclass(frozen=True)

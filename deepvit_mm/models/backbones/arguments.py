@@ -13,8 +13,7 @@ from .arch_table import ArchSpec
 from .checks import check_arguments, check_compile_blocks, check_out_indices
 from .columnar_pyramid import PAPER_STRIDES, ColumnarPyramid
 
-__all__ = ['ColumnarArgs', 'ColumnarArguments', 'FeatureLevels', 'even_taps', 'paper_taps',
-           'pretrained_init_cfg']
+__all__ = ['ColumnarArgs', 'FeatureLevels', 'even_taps', 'paper_taps']
 
 
 class FeatureLevels(NamedTuple):

@@ -24,8 +24,7 @@ from ...compat.torch import autocast_enabled
 from ...tracing import in_graph_capture
 from ...version import TESTED
 
-__all__ = ['check_arguments', 'check_out_indices', 'check_compile_blocks', 'blocks_compile_problem',
-           'inductor_cache_problem', 'check_input', 'check_finite', 'free_memory']
+__all__ = []
 
 
 def check_out_indices(name: str, arch: str, out_indices, depth: int, default: Sequence[int],

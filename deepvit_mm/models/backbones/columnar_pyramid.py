@@ -26,7 +26,7 @@ from mmengine.model import BaseModule
 
 from ...tracing import capturing_for_other_sizes
 
-__all__ = ['ColumnarPyramid', 'ConvTranspose2x2', 'PAPER_STRIDES']
+__all__ = ['ColumnarPyramid', 'ConvTranspose2x2']
 
 #: the strides of the four taps the papers use (XCiT appendix B.2), finest first
 PAPER_STRIDES = (4, 8, 16, 32)

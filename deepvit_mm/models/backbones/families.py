@@ -10,7 +10,7 @@ import torch
 
 from .arguments import ColumnarArguments
 
-__all__ = ['CheckpointFamilies', 'count_blocks']
+__all__ = []
 
 
 class CheckpointFamilies:

@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from ..layers import BatchNormBase
 
-__all__ = ['enable_grad_checkpointing', 'full_recomputation']
+__all__ = []
 
 
 def _in_backward() -> bool:

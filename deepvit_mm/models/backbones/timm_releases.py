@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-__all__ = ['drop_path_of', 'drop_pruned_classifier_parameters', 'create_model']
+__all__ = ['create_model']
 
 
 def drop_path_of(block: nn.Module, i: int) -> nn.Module:

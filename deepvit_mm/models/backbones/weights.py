@@ -13,7 +13,7 @@ import torch
 
 from ...checkpoints import LoadReport, load_weights, read_checkpoint
 
-__all__ = ['ColumnarWeights']
+__all__ = []
 
 
 class ColumnarWeights:

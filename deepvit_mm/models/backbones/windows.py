@@ -20,8 +20,7 @@ import torch
 import torch.nn as nn
 from timm.models.vision_transformer_sam import window_partition, window_unpartition
 
-__all__ = ['GridAttention', 'WindowArgs', 'Windowed', 'attend_in_windows', 'check_windows',
-           'forward_grid']
+__all__ = ['GridAttention', 'WindowArgs', 'Windowed']
 
 
 def attend_in_windows(attend: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,

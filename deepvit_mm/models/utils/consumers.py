@@ -28,7 +28,7 @@ from ..backbones import ColumnarBackbone
 from ..backbones.columnar_pyramid import PAPER_STRIDES
 from ..layers import ConvBase
 
-__all__ = ['ChannelMismatchError', 'check_consumers', 'check_model', 'consumer_problems']
+__all__ = ['ChannelMismatchError', 'check_consumers', 'check_model']
 
 
 class ChannelMismatchError(ValueError):

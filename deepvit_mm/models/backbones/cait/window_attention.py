@@ -25,8 +25,7 @@ from timm.models.cait import TalkingHeadAttn
 from ....tracing import capturing_for_other_sizes
 from ..windows import GridAttention
 
-__all__ = ['GridTalkingHeadAttn', 'talking_heads_chunked', 'default_query_chunk',
-           'CPU_QUERY_CHUNK']
+__all__ = ['GridTalkingHeadAttn', 'talking_heads_chunked', 'CPU_QUERY_CHUNK']
 
 
 # Query rows per step of ``talking_heads_chunked`` on CPUs; tuned by measurement:

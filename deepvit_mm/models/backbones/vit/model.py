@@ -48,7 +48,7 @@ from ..timm_releases import create_model
 from ..windows import WindowArgs, Windowed, check_windows
 from .window_attention import use_windows
 
-__all__ = ['TimmArchTable', 'TimmColumnar', 'TimmViT', 'TimmEVA', 'TimmBEiT', 'vitdet_drop_path']
+__all__ = ['TimmArchTable', 'TimmColumnar', 'TimmViT', 'TimmEVA', 'TimmBEiT']
 
 
 def vitdet_drop_path(depth: int) -> float:

@@ -12,7 +12,7 @@ from timm.models.vision_transformer import Attention
 from ..adapt import adapt
 from ..windows import GridAttention
 
-__all__ = ['WindowedAttention', 'use_windows']
+__all__ = []
 
 
 class WindowedAttention(GridAttention, Attention):

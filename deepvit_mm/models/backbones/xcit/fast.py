@@ -46,10 +46,7 @@ from ....compat.torch import autocast_dtype, autocast_enabled
 from ....tracing import capturing_for_other_sizes
 from ..timm_releases import drop_path_of
 
-__all__ = ['token_gram', 'fold_xca', 'xca_from_gram', 'lpi_forward', 'xca_block_forward',
-           'xca_block_inference', 'xca_block_forward_auto', 'xca_block_forward_auto_compiled',
-           'fast_path_helps', 'has_linear_qkv', 'default_chunk', 'GramXCABlock',
-           'AutoGramXCABlock', 'CompiledAutoGramXCABlock']
+__all__ = ['fast_path_helps']
 
 
 def has_linear_qkv(attn: nn.Module) -> bool:

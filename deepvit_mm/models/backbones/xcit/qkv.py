@@ -38,10 +38,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from timm.models.xcit import XCA
 
-__all__ = [
-    'SNE', 'PSNE', 'FSNE', 'QKVCodes', 'BranchLinear', 'QKV_TYPES', 'PAPER_STAR_WIDTHS',
-    'normalize_qkv_cfg', 'qkv_hidden', 'build_qkv_embed', 'set_qkv_embed', 'qkv_cfg_from_state_dict'
-]
+__all__ = ['SNE', 'PSNE', 'FSNE', 'qkv_hidden']
 
 # Paper Table 1, the "*" rows: F-SNE widths that spend the parameters saved by sharing on width,
 # keyed by (embed dim d, code size c).

@@ -29,7 +29,7 @@ from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
 from mmdet.registry import MODELS
 from torch import Tensor
 
-__all__ = ['CPUSingleRoIExtractor', 'roi_align_gather']
+__all__ = ['CPUSingleRoIExtractor']
 
 
 def _axis(start: Tensor, size: Tensor, bins: int, samples: int, length: Tensor

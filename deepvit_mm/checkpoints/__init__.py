@@ -20,26 +20,20 @@ Nothing here imports the backbones: a module that takes its weights through the 
 format, and the costs, are in docs/weights.md.
 """
 from .errors import CheckpointError
-from .fetch import HUB_PREFIX, resolve_checkpoint
+from .fetch import resolve_checkpoint
 from .matching import (
-    LoadPlan,
-    LoadReport,
-    WeightsTarget,
-    extract_state_dict,
-    load_weights,
-    plan_load,
-    require_complete_model,
-    weights_targets,
+           LoadReport,
+           WeightsTarget,
+           extract_state_dict,
+           load_weights,
+           plan_load,
+           require_complete_model,
 )
 from .mmengine_hooks import find_resumable_checkpoint, install_mmengine_loader
-from .reading import is_readable_checkpoint, read_checkpoint, safe_globals
-from .stored_config import config_text_problem
-from .trust import TRUST_ENV, trusted_checkpoints
+from .reading import read_checkpoint, safe_globals
+from .trust import trusted_checkpoints
 
-__all__ = [
-    'CheckpointError', 'LoadPlan', 'LoadReport', 'WeightsTarget', 'safe_globals', 'TRUST_ENV',
-    'trusted_checkpoints', 'HUB_PREFIX', 'resolve_checkpoint', 'read_checkpoint',
-    'extract_state_dict', 'plan_load', 'load_weights', 'weights_targets', 'install_mmengine_loader',
-    'find_resumable_checkpoint', 'is_readable_checkpoint', 'require_complete_model',
-    'config_text_problem'
-]
+__all__ = ['CheckpointError', 'LoadReport', 'WeightsTarget', 'safe_globals', 'trusted_checkpoints',
+           'resolve_checkpoint', 'read_checkpoint', 'extract_state_dict', 'plan_load',
+           'load_weights', 'install_mmengine_loader', 'find_resumable_checkpoint',
+           'require_complete_model']

@@ -11,27 +11,21 @@
 ``tools/deploy/`` calls these (``tools/analysis/benchmark_onnx.py`` times ONNX Runtime against
 PyTorch); docs/deployment.md says how, and how fast.
 """
-from .detection import mask_rcnn_end_to_end
 from .export import (
-    DEFAULT_OPSET,
-    DYNAMIC_MAX,
-    DYNAMIC_MIN,
-    SIZE_DIVISOR,
-    dynamic_range,
-    example_input,
-    export_onnx,
-    load_model,
-    onnx_dynamo_export_problem,
-    onnxruntime_session,
-    require,
-    run_onnx,
+           DYNAMIC_MAX,
+           DYNAMIC_MIN,
+           SIZE_DIVISOR,
+           dynamic_range,
+           example_input,
+           export_onnx,
+           load_model,
+           onnx_dynamo_export_problem,
+           onnxruntime_session,
+           run_onnx,
 )
-from .layers import export_forms
-from .parity import check_export, match_detections, max_rel_err
-from .wrappers import BackboneForExport, DetectorForExport, SegmentorForExport, wrap_for_export
+from .parity import check_export, max_rel_err
+from .wrappers import DetectorForExport, wrap_for_export
 
-__all__ = ['mask_rcnn_end_to_end', 'DEFAULT_OPSET', 'DYNAMIC_MAX', 'DYNAMIC_MIN', 'SIZE_DIVISOR',
-           'dynamic_range', 'example_input', 'export_onnx', 'load_model', 'onnx_dynamo_export_problem',
-           'onnxruntime_session', 'require',
-           'run_onnx', 'BackboneForExport', 'DetectorForExport', 'SegmentorForExport',
-           'wrap_for_export', 'export_forms', 'check_export', 'match_detections', 'max_rel_err']
+__all__ = ['DYNAMIC_MAX', 'DYNAMIC_MIN', 'SIZE_DIVISOR', 'dynamic_range', 'example_input',
+           'export_onnx', 'load_model', 'onnx_dynamo_export_problem', 'onnxruntime_session',
+           'run_onnx', 'DetectorForExport', 'wrap_for_export', 'check_export', 'max_rel_err']

@@ -14,10 +14,8 @@ import.
   built for the CPU stops before the run).
 """
 from .allocator import (
-    MALLOC_ENV,
     allocator_note,
     cpu_allocator,
-    find_tcmalloc,
     keep_freed_cpu_memory,
     preload_tcmalloc,
     release_free_memory,
@@ -47,10 +45,10 @@ from .optimizers import (
 )
 
 __all__ = ['CheckConsumersHook', 'CrashSafeCheckpointHook', 'CheckpointWriteError',
-           'FiniteLossHook', 'RNGStateHook', 'FastestStepHook',
-           'CPUAmpOptimWrapper', 'fit_precision_to_device', 'mmcv_ops_device_problem',
+           'FiniteLossHook', 'RNGStateHook', 'FastestStepHook', 'CPUAmpOptimWrapper',
+           'fit_precision_to_device', 'mmcv_ops_device_problem',
            'ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
-           'CPUDistributedDataParallel', 'setup_cpu_distributed',
-           'CPUFullyShardedDataParallel', 'GlobalNormFSDPStrategy', 'columnar_block_policy',
-           'keep_freed_cpu_memory', 'cpu_allocator', 'find_tcmalloc', 'preload_tcmalloc',
-           'setup_cpu_malloc', 'allocator_note', 'release_free_memory', 'MALLOC_ENV']
+           'CPUDistributedDataParallel', 'setup_cpu_distributed', 'CPUFullyShardedDataParallel',
+           'GlobalNormFSDPStrategy', 'columnar_block_policy', 'keep_freed_cpu_memory',
+           'cpu_allocator', 'preload_tcmalloc', 'setup_cpu_malloc', 'allocator_note',
+           'release_free_memory']

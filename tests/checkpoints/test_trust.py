@@ -12,13 +12,9 @@ from mmengine.config import Config
 from mmengine.runner import load_checkpoint
 
 from deepvit_mm import CheckpointError, XCiT, load_weights, read_checkpoint
-from deepvit_mm.checkpoints import (
-    TRUST_ENV,
-    config_text_problem,
-    find_resumable_checkpoint,
-    resolve_checkpoint,
-    trusted_checkpoints,
-)
+from deepvit_mm.checkpoints import find_resumable_checkpoint, resolve_checkpoint, trusted_checkpoints
+from deepvit_mm.checkpoints.stored_config import config_text_problem
+from deepvit_mm.checkpoints.trust import TRUST_ENV
 
 DET_CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 SEG_CFG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')

@@ -26,14 +26,14 @@ from deepvit_mm.deploy import (
     example_input,
     export_onnx,
     load_model,
-    match_detections,
     max_rel_err,
     onnx_dynamo_export_problem,
     onnxruntime_session,
-    require,
     run_onnx,
     wrap_for_export,
 )
+from deepvit_mm.deploy.export import require
+from deepvit_mm.deploy.parity import match_detections
 from deepvit_tools.demo_data import make_shapes_coco
 
 # tools/setup_env.sh installs .[tests,deploy]: a missing package is an error here, not a skip

@@ -11,13 +11,8 @@ import sys
 import pytest
 from conftest import DEMO_DET, ROOT
 
-from deepvit_mm.engine import (
-    MALLOC_ENV,
-    allocator_note,
-    cpu_allocator,
-    find_tcmalloc,
-    preload_tcmalloc,
-)
+from deepvit_mm.engine import allocator_note, cpu_allocator, preload_tcmalloc
+from deepvit_mm.engine.allocator import MALLOC_ENV, find_tcmalloc
 
 GLIBC = sys.platform.startswith('linux') and platform.libc_ver()[0] == 'glibc'
 needs_glibc = pytest.mark.skipif(not GLIBC, reason='the restart is for Linux processes on glibc')

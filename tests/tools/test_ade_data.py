@@ -6,13 +6,8 @@ import cv2
 import numpy as np
 import pytest
 
-from deepvit_tools.demo_data import (
-    ADE_DEMO_CLASSES,
-    ADE_DEMO_LABELS,
-    DatasetError,
-    check_ade_dataset,
-    make_ade_demo,
-)
+from deepvit_tools.demo_data import ADE_DEMO_CLASSES, DatasetError, check_ade_dataset, make_ade_demo
+from deepvit_tools.demo_data.ade import ADE_DEMO_LABELS
 
 SIZE = 128
 

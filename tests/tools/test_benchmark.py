@@ -29,7 +29,7 @@ def _allocate(mib: int):
     def run():
         if mib:
             torch.ones(mib * 2 ** 20 // 4).add_(1)
-    return bm.peak_memory(run, 'cpu')
+    return bm.memory.peak_memory(run, 'cpu')
 
 
 def _fail(message):
@@ -45,11 +45,11 @@ def _sleep(seconds):
 @pytest.mark.slow
 def test_cpu_peak_memory_sees_a_known_allocation_and_nothing_else():
     """``run_isolated`` measures a known allocation's growth in a fresh process. ~10 s: the process."""
-    growth, method, absolute = bm.run_isolated(_allocate, 200)
+    growth, method, absolute = bm.isolation.run_isolated(_allocate, 200)
     assert 195 <= growth < 260, growth
     assert method == 'VmHWM - VmRSS (fresh process)'
     assert absolute['peak'] - absolute['before'] == pytest.approx(growth)
-    idle, _, _ = bm.run_isolated(_allocate, 0)
+    idle, _, _ = bm.isolation.run_isolated(_allocate, 0)
     assert idle < 10, idle
 
 
@@ -67,10 +67,10 @@ def test_isolated_failures_raise_with_the_reason():
     """A call that raises and one that times out in ``run_isolated`` raise with the reason. Two
     processes forked from the fork server (which the first test to need it starts, importing torch
     and deepvit_mm), one of them left to its 0.5 s time-out."""
-    with pytest.raises(bm.IsolatedError, match="KeyError: 'no such thing'"):
-        bm.run_isolated(_fail, 'no such thing')
-    with pytest.raises(bm.IsolatedError, match='timed out after 0.5 s'):
-        bm.run_isolated(_sleep, 60, timeout=0.5)
+    with pytest.raises(bm.isolation.IsolatedError, match="KeyError: 'no such thing'"):
+        bm.isolation.run_isolated(_fail, 'no such thing')
+    with pytest.raises(bm.isolation.IsolatedError, match='timed out after 0.5 s'):
+        bm.isolation.run_isolated(_sleep, 60, timeout=0.5)
 
 
 @pytest.mark.slow
@@ -88,12 +88,12 @@ def test_failures_come_back_as_rows():
 def test_backbones_are_built_by_family_through_the_registry():
     """Archs find their family, an unknown one is refused listing every family's names, and CaiT is
     built through the registry. Reads timm's model lists, builds CaiT-XXS24's first 4 blocks."""
-    assert bm.backbone_family('xcit_nano_12_p16_224').__name__ == 'XCiT'
-    assert bm.backbone_family('xxs24').__name__ == 'CaiT'
-    cait = bm.build_backbone('xxs24', out_indices=(0, 1, 2, 3), window_size=2)
+    assert bm.models.backbone_family('xcit_nano_12_p16_224').__name__ == 'XCiT'
+    assert bm.models.backbone_family('xxs24').__name__ == 'CaiT'
+    cait = bm.models.build_backbone('xxs24', out_indices=(0, 1, 2, 3), window_size=2)
     assert (type(cait).__name__, len(cait.trunk.blocks), cait.window_size) == ('CaiT', 4, 2)
     with pytest.raises(ValueError, match='no backbone family knows arch'):
-        bm.backbone_family('resnet50')
+        bm.models.backbone_family('resnet50')
 
 
 @pytest.mark.parametrize('config,cfg_options,size,padded', [
@@ -111,7 +111,7 @@ def test_synthetic_batch_goes_through_a_models_forward_and_loss(config, cfg_opti
     before = scope()
     model, task = bm.build_from_config(config, cfg_options)
     assert scope() == before  # built without changing the scope
-    inputs, samples = bm.synthetic_batch(model, task, size, batch=2)
+    inputs, samples = bm.batches.synthetic_batch(model, task, size, batch=2)
     assert inputs.shape == (2, 3, *padded) and inputs.dtype == torch.float32
     assert len(samples) == 2 and samples[0].metainfo['img_shape'] == size
     model.train()
@@ -125,9 +125,9 @@ def test_synthetic_batch_goes_through_a_models_forward_and_loss(config, cfg_opti
 
 
 def test_backbone_input_is_reproducible():
-    a, b = bm.backbone_input((32, 48), 2, seed=3), bm.backbone_input((32, 48), 2, seed=3)
+    a, b = bm.batches.backbone_input((32, 48), 2, seed=3), bm.batches.backbone_input((32, 48), 2, seed=3)
     assert a.shape == (2, 3, 32, 48) and torch.equal(a, b)
-    assert not torch.equal(a, bm.backbone_input((32, 48), 2, seed=4))
+    assert not torch.equal(a, bm.batches.backbone_input((32, 48), 2, seed=4))
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,8 +201,8 @@ def test_parse_size_and_bad_cases():
 # baselines and the interleaved comparison
 # --------------------------------------------------------------------------------------------
 def test_timm_baseline_shares_the_adapter_and_copies_the_trunk():
-    ours = bm.build_backbone('nano_12_p8')
-    base = bm.TimmBaseline(ours, (64, 64))
+    ours = bm.models.build_backbone('nano_12_p8')
+    base = bm.baselines.TimmBaseline(ours, (64, 64))
     assert base.adapter is ours.adapter
     timm_sd = base.timm_model.state_dict()
     for k, v in ours.trunk.state_dict().items():
@@ -211,8 +211,8 @@ def test_timm_baseline_shares_the_adapter_and_copies_the_trunk():
 
 @pytest.mark.parametrize('arch', ['nano_12_p16', 'xxs24'])
 def test_timm_baseline_rescales_the_simple_pyramids_one_tap_to_every_level(arch):
-    ours = bm.build_backbone(arch, out_indices=(0,), pyramid='simple').eval()
-    base = bm.TimmBaseline(ours, (64, 64)).eval()
+    ours = bm.models.build_backbone(arch, out_indices=(0,), pyramid='simple').eval()
+    base = bm.baselines.TimmBaseline(ours, (64, 64)).eval()
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         want, got = ours(x), base(x)
@@ -221,13 +221,13 @@ def test_timm_baseline_rescales_the_simple_pyramids_one_tap_to_every_level(arch)
 
 
 def test_cait_timm_baseline_runs_at_the_input_grid_with_our_embedding():
-    ours = bm.build_backbone('xxs24', out_indices=(0, 1, 2, 3)).eval()
-    base = bm.TimmBaseline(ours, (64, 80)).eval()  # padded to 64x96: a 4x6 grid, not 14x14
+    ours = bm.models.build_backbone('xxs24', out_indices=(0, 1, 2, 3)).eval()
+    base = bm.baselines.TimmBaseline(ours, (64, 80)).eval()  # padded to 64x96: a 4x6 grid, not 14x14
     assert base.timm_model.pos_embed.shape == (1, 24, 192)
     with torch.no_grad():
         assert torch.equal(base.timm_model.pos_embed, ours.pos_embed_for((4, 6)))
     with pytest.raises(ValueError, match='global attention only'):
-        bm.TimmBaseline(bm.build_backbone('xxs24', out_indices=(0, 1, 2, 3), window_size=2),
+        bm.baselines.TimmBaseline(bm.models.build_backbone('xxs24', out_indices=(0, 1, 2, 3), window_size=2),
                         (64, 64))
 
 
@@ -310,7 +310,7 @@ def test_comparison_rows_flatten_each_mode_with_the_errors_and_rates():
                fwd_fp32=dict(ours_ms=30.0, timm_ms=40.0, ratio=0.75, ours_compiled_ms=15.0,
                              ours_compiled_vs_eager=0.5, ours_roofline_ms=10.0),
                train_fp32=dict(ours_ms=90.0, timm_ms=80.0, ratio=1.125))
-    fwd, train = bm.comparison_rows([cmp])
+    fwd, train = bm.report.comparison_rows([cmp])
     assert fwd == dict(label='a', size='64x64', batch=2, **{'pass': 'fwd_fp32'}, ours_ms=30.0,
                        timm_ms=40.0, ratio=0.75, ours_compiled_ms=15.0,
                        ours_compiled_vs_eager=0.5, ours_roofline_ms=10.0, max_rel_err=1e-7,

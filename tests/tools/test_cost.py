@@ -3,14 +3,15 @@ import pytest
 import torch
 
 from deepvit_tools import benchmark as bm
+from deepvit_tools.benchmark.roofline import pass_cost
 
 
 def test_gemm_floor_has_the_block_gemms_of_the_model():
-    ours = bm.build_backbone('nano_12_p16', out_indices=(1, 3, 5, 7))  # 8 blocks, C = 128
-    floor = bm.GemmFloor(ours, (64, 80), batch=2)  # padded 64x96: 4x6 = 24 tokens per image
+    ours = bm.models.build_backbone('nano_12_p16', out_indices=(1, 3, 5, 7))  # 8 blocks, C = 128
+    floor = bm.baselines.GemmFloor(ours, (64, 80), batch=2)  # padded 64x96: 4x6 = 24 tokens per image
     assert floor.tokens == 48 and floor.blocks == 8
     assert floor.multiply_adds == 8 * 12 * 48 * 128 ** 2
-    acc, last = floor(bm.backbone_input((64, 80), 2))
+    acc, last = floor(bm.batches.backbone_input((64, 80), 2))
     (acc + last.mean()).backward()
     assert all(w.grad is not None and w.grad.abs().sum() > 0 for w in floor.weights)
 
@@ -25,14 +26,14 @@ def test_gemm_floor_has_the_block_gemms_of_the_model():
 def test_gemm_floor_has_cait_attention_products(kwargs, spans):
     """CaiT's GEMM floor counts its attention products, global or windowed, and runs them as bmm/mm.
     Builds CaiT-XXS24's first 4 blocks and the floor, one profiled call at 64x96, batch 2."""
-    ours = bm.build_backbone('xxs24', **kwargs)
-    floor = bm.GemmFloor(ours, (64, 96), batch=2)
+    ours = bm.models.build_backbone('xxs24', **kwargs)
+    floor = bm.baselines.GemmFloor(ours, (64, 96), batch=2)
     assert floor.spans == spans
     assert floor.multiply_adds == 4 * 12 * 48 * 192 ** 2 + sum(2 * g * n * n * d
                                                                 for g, n, d in spans)
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        floor(bm.backbone_input((64, 96), 2))
+        floor(bm.batches.backbone_input((64, 96), 2))
     ops = {e.key: e.count for e in prof.key_averages()}
     assert ops['aten::bmm'] == 2 * 4 and ops['aten::mm'] == 4 * 4
 
@@ -40,18 +41,18 @@ def test_gemm_floor_has_cait_attention_products(kwargs, spans):
 def test_pass_cost_counts_the_products_and_bytes_of_each_operator():
     m, k, n = 64, 32, 16
     lin, x = torch.nn.Linear(k, n), torch.randn(m, k)
-    fwd = bm.pass_cost(lambda: lin(x))
+    fwd = pass_cost(lambda: lin(x))
     # addmm(bias, x, weight.t()): 2mkn FLOPs; reads bias, x and the weight, writes the output
     assert fwd['flops'] == 2 * m * k * n
     assert fwd['bytes'] == 4 * (n + m * k + k * n + m * n)
     assert [op[0] for op in fwd['ops']] == ['addmm']  # the transposing view moves nothing
     xg = x.clone().requires_grad_()
-    train = bm.pass_cost(lambda: lin(xg).sum().backward())
+    train = pass_cost(lambda: lin(xg).sum().backward())
     assert train['flops'] == 3 * fwd['flops']  # the backward's two products are counted
     assert {op[3] for op in train['ops'] if op[1]} == {torch.float32}
     # in place (XCiT's fast path): no formula in FlopCounterMode, counted all the same
     out, w = torch.zeros(m, n), torch.randn(k, n)
-    inplace = bm.pass_cost(lambda: out.addmm_(x, w))
+    inplace = pass_cost(lambda: out.addmm_(x, w))
     assert inplace['flops'] == 2 * m * k * n
 
 

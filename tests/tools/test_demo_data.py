@@ -5,7 +5,8 @@ import os
 import pytest
 from conftest import ROOT
 
-from deepvit_tools.demo_data import SHAPE_CLASSES, DatasetError, check_coco_dataset, make_shapes_coco
+from deepvit_tools.demo_data import DatasetError, make_shapes_coco
+from deepvit_tools.demo_data.shapes import SHAPE_CLASSES, check_coco_dataset
 
 
 @pytest.fixture(scope='module')

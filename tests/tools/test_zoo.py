@@ -156,8 +156,8 @@ def test_flops_match_fvcore_on_timm_block_by_block(arch, shape):
     import timm
     from fvcore.nn import FlopCountAnalysis
 
-    from deepvit_tools.benchmark import build_backbone
     from deepvit_tools.benchmark.flops import backbone_macs
+    from deepvit_tools.benchmark.models import build_backbone
     backbone = build_backbone(arch)  # CaiT: global attention by default
     ours = backbone_macs(backbone, shape)
     ref_model = timm.create_model(backbone.arch_zoo[backbone.arch].timm, num_classes=0).eval()
@@ -179,8 +179,8 @@ def test_attention_counts_follow_the_papers_formulas():
     """XCA: q^T k and attn v, d^2 N / h multiply-adds each per block; talking heads in k x k
     windows (and globally in the tapped blocks): q k^T and attn v, n^2 d each, and the two
     head mixings, n^2 h^2 each, per window of n tokens."""
-    from deepvit_tools.benchmark import build_backbone
     from deepvit_tools.benchmark.flops import attention_macs, backbone_macs
+    from deepvit_tools.benchmark.models import build_backbone
     xcit = build_backbone('nano_12_p16')  # d 128, 4 heads, 12 blocks
     macs = backbone_macs(xcit, (160, 224))
     n = 10 * 14

@@ -3,12 +3,9 @@ layer-wise lr decay and weight-decay exemptions for columnar backbones
 (``optim_wrapper_constructors``)."""
 from .cpu_amp_optim_wrapper import CPUAmpOptimWrapper, fit_precision_to_device
 from .optim_wrapper_constructors import (
-    ColumnarLayerDecayOptimizerConstructor,
-    NoDecayOnScalesOptimizerConstructor,
-    layer_ids,
-    no_weight_decay_names,
+           ColumnarLayerDecayOptimizerConstructor,
+           NoDecayOnScalesOptimizerConstructor,
 )
 
 __all__ = ['CPUAmpOptimWrapper', 'fit_precision_to_device',
-           'ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor',
-           'layer_ids', 'no_weight_decay_names']
+           'ColumnarLayerDecayOptimizerConstructor', 'NoDecayOnScalesOptimizerConstructor']

@@ -2,6 +2,6 @@
 
 ``consumers``: whether a model's neck or heads were built for the levels its columnar backbone
 feeds."""
-from .consumers import ChannelMismatchError, check_consumers, check_model, consumer_problems
+from .consumers import ChannelMismatchError, check_consumers, check_model
 
-__all__ = ['ChannelMismatchError', 'check_consumers', 'check_model', 'consumer_problems']
+__all__ = ['ChannelMismatchError', 'check_consumers', 'check_model']

@@ -21,7 +21,7 @@ from mmengine.runner import Runner
 
 from deepvit_mm.checkpoints import CheckpointError, read_checkpoint
 from deepvit_mm.engine import setup_cpu_distributed
-from deepvit_mm.engine.distributed import cpu_fsdp_problem
+from deepvit_mm.engine.distributed.ddp import cpu_fsdp_problem
 
 CFG = os.path.join(ROOT, 'configs', 'demo', 'mask_rcnn_xcit_nano_12_p8_shapes.py')
 DEMO_SEG = os.path.join(ROOT, 'configs', 'demo', 'sem_fpn_xcit_nano_12_p16_ade_demo.py')

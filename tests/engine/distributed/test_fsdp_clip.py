@@ -13,7 +13,8 @@ import torch.nn as nn
 from mmengine.optim import OptimWrapper
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from deepvit_mm.engine.distributed import DDPNormClip, cpu_fsdp_problem
+from deepvit_mm.engine.distributed.ddp import cpu_fsdp_problem
+from deepvit_mm.engine.distributed.fsdp import DDPNormClip
 
 WORLD, TRIALS = 3, 8
 

@@ -9,7 +9,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, init_default_scope
 
 from deepvit_mm import ColumnarLayerDecayOptimizerConstructor, XCiT
-from deepvit_mm.engine.optimizers import no_weight_decay_names
+from deepvit_mm.engine.optimizers.optim_wrapper_constructors import no_weight_decay_names
 
 LR, WD, RATE = 1e-4, 0.05, 0.65
 DEMO = DEMO_DET

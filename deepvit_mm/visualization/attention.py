@@ -1,4 +1,4 @@
-"""Attention maps of every family, computed from each attention module's own weights.
+"""Attention maps of every family, as timm's own attention modules compute them.
 
 What each family has to draw (Ali et al., XCiT, NeurIPS 2021, Fig. 4; Touvron et al., CaiT,
 ICCV 2021, Fig. 6; Caron et al., DINO, ICCV 2021, Fig. 1 and its ``visualize_attention.py``):
@@ -12,19 +12,14 @@ ICCV 2021, Fig. 6; Caron et al., DINO, ICCV 2021, Fig. 1 and its ``visualize_att
 * **XCiT's XCA blocks** attend over channels (cross-covariance, ``C/h x C/h`` per head): no map
   over the image; their feature maps are ``tools/analysis/featmap_vis.py``'s.
 
-The maps are computed here, whatever timm's fused-attention setting: forward pre-hooks keep what
-each chosen attention module receives (its block's input after the block's norm, and the
-arguments the block passes: EVA-02's rotary embedding, BEiT's shared relative position bias, a
-mask), and ``attention_probs`` recomputes ``softmax(q k^T * scale)`` from the module's own
-weights, with what the family adds: BEiT's relative position bias, EVA-02's rotary embedding,
-CaiT's talking heads (the weights applied to the values: mixed before and after the softmax),
-class attention's query of the class token alone. The forward stops once the last chosen module
-has its input. tests/visualization/test_attention.py holds every family to timm's own attention
-(fused attention off, ``timm.utils.AttentionExtract``).
-
-A map covers the input's patch grid, padding included; ``AttentionMap.aligned`` lays it over the
-original image with the rule the feature maps follow (``.align.align_to_image``: cropped to the
-cells that see the image, then resized).
+The weights are taken as ``timm.utils.AttentionExtract`` takes them: each chosen module's fused
+attention is switched off for the forward (and our CaiT backbones' query chunks), and a forward
+hook on its ``attn_drop`` keeps what that receives, the weights applied to the values, with all
+the family adds as timm adds it (BEiT's relative position bias, EVA-02's rotary embedding, CaiT's
+talking heads); the forward stops once the last chosen module has its weights. Written here is
+only what timm has not: the query's row over the patch grid (class attention's one query, the
+CLS token's, a patch's), DINO's top share of attention mass, and the map laid over the original
+image (``.align.align_to_image``: cropped to the cells that see the image, then resized).
 """
 import contextlib
 import logging
@@ -52,6 +47,8 @@ __all__ = ['AttentionError', 'AttentionSite', 'AttentionMap', 'AttentionPicture'
 ATTENTION_KINDS = ('class', 'cls', 'patch')
 
 FEATMAP_TOOL = 'tools/analysis/featmap_vis.py'
+_SELF_ATTENTION = (vision_transformer.Attention, eva.EvaAttention, beit.Attention,
+                   cait.TalkingHeadAttn)
 
 
 class AttentionError(VisualizationError):
@@ -59,14 +56,20 @@ class AttentionError(VisualizationError):
     compute); its message is one line saying what to do instead."""
 
 
-# --------------------------------------------------------------------------------------------
-# the attention modules of a model
-# --------------------------------------------------------------------------------------------
-def _self_attention_types() -> tuple:
-    types = [vision_transformer.Attention, eva.EvaAttention, beit.Attention, cait.TalkingHeadAttn]
-    return tuple(dict.fromkeys(types))
+def _channel_attention() -> AttentionError:
+    return AttentionError(
+        "XCiT's XCA blocks attend over channels (cross-covariance, C/h x C/h per head), not over "
+        f'the image: draw their feature maps with {FEATMAP_TOOL}.')
 
 
+def _windowed(what: str, window_size: int) -> AttentionError:
+    return AttentionError(f'{what} attends within {window_size}x{window_size} windows, not over '
+                          'the image: choose a global block.')
+
+
+# --------------------------------------------------------------------------------------------
+# the attention modules of a model, and timm's weights of them
+# --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AttentionSite:
     """One attention module of a model.
@@ -105,7 +108,7 @@ def attention_sites(model: nn.Module) -> List[AttentionSite]:
             layers.append(AttentionSite(name, m, 'class', len(layers)))
         elif isinstance(m, xcit.XCA):
             blocks.append(AttentionSite(name, m, 'channel', len(blocks)))
-        elif isinstance(m, _self_attention_types()):
+        elif isinstance(m, _SELF_ATTENTION):
             # BEiT's `window_size` is its relative position grid, not a window: only the grid
             # attention of our backbones has windows
             ws = int(getattr(m, 'window_size', 0) or 0) if isinstance(m, GridAttention) else 0
@@ -113,59 +116,40 @@ def attention_sites(model: nn.Module) -> List[AttentionSite]:
     return blocks + layers
 
 
-# --------------------------------------------------------------------------------------------
-# softmax(q k^T * scale), from a module's own weights
-# --------------------------------------------------------------------------------------------
-def _heads(attn: nn.Module, t: torch.Tensor) -> torch.Tensor:
-    """``(B, N, h*d)`` -> ``(B, h, N, d)``."""
-    B, N, _ = t.shape
-    return t.reshape(B, N, attn.num_heads, -1).transpose(1, 2)
-
-
-def _fused_qk(attn: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """q and k ``(B, h, N, d)`` of a fused ``qkv`` Linear, with BEiT's and EVA-02's separate
-    query / key / value biases where the module has them."""
-    q_bias = getattr(attn, 'q_bias', None)
-    if q_bias is None:
-        qkv = attn.qkv(x)
-    else:  # BEiT, EVA-02: the key's bias is a zero buffer
-        bias = torch.cat((q_bias, attn.k_bias, attn.v_bias))
-        qkv = F.linear(x, attn.qkv.weight, bias) if attn.qkv.bias is None else attn.qkv(x) + bias
-    B, N, _ = x.shape
-    qkv = qkv.reshape(B, N, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
-    return qkv[0], qkv[1]
-
-
-def _softmax_rows(logits: torch.Tensor, bias: Optional[torch.Tensor],
-                  mask: Optional[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
-    """softmax over keys of ``logits`` ``(B, h, n, N)`` (query rows ``rows``), with an additive
-    ``bias`` and a mask (boolean: True attends; else added) given for every query row."""
-    for extra in (bias, mask):
-        if extra is None:
-            continue
-        if extra.dim() >= 2 and extra.shape[-2] > 1:
-            extra = extra.index_select(-2, rows)
-        if extra.dtype == torch.bool:
-            logits = logits.masked_fill(~extra, float('-inf'))
-        else:
-            logits = logits + extra
-    return logits.softmax(dim=-1)
+@contextlib.contextmanager
+def _timm_weights(modules: Dict[str, nn.Module], keep: Callable[[str, torch.Tensor], None]):
+    """Inside the block, each forward of a module of ``modules`` calls ``keep(name, weights)``
+    with the weights timm's attention applies to its values (``AttentionExtract``'s hook on
+    ``attn_drop``), fused attention and query chunks off; both restored after."""
+    saved = [(m, k, getattr(m, k)) for m in modules.values() for k in ('fused_attn', 'query_chunk')
+             if hasattr(m, k)]
+    for m, k, _ in saved:
+        setattr(m, k, False if k == 'fused_attn' else None)
+    hooks = [m.attn_drop.register_forward_hook(lambda mod, args, out, n=n: keep(n, out.detach()))
+             for n, m in modules.items()]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, k, v in saved:
+            setattr(m, k, v)
 
 
 def attention_probs(attn: nn.Module, x: torch.Tensor, queries: Optional[Sequence[int]] = None,
                     **kwargs) -> torch.Tensor:
-    """The attention weights ``attn`` applies to its values, recomputed from its weights.
+    """The attention weights ``attn`` applies to its values, from one forward of it as timm
+    computes them (fused attention off).
 
     Args:
-        attn (nn.Module): timm's ``vision_transformer.Attention`` (ViT, DeiT III, DINOv2, and our
-            windowed ViT), ``eva.EvaAttention``, ``beit.Attention``, ``cait.TalkingHeadAttn``
-            (and our grid version) or ``cait.ClassAttn`` (XCiT's and CaiT's class attention).
-        x (Tensor): What the module received: ``(B, N, C)`` tokens, or our backbones' ``(B, H, W,
-            C)`` grid of a global block.
-        queries (Sequence[int], optional): The query rows to compute (each row's softmax is its
-            own: talking heads mix heads cell by cell). Default: every row (class attention: its
-            one row).
-        kwargs: What the block passed besides ``x``: ``rope`` (EVA-02), ``shared_rel_pos_bias``
+        attn (nn.Module): An attention module of ``attention_sites`` but XCiT's XCA: timm's ViT
+            (DeiT III, DINOv2), EVA-02, BEiT, talking-heads (CaiT) and class attention (XCiT,
+            CaiT), and our backbones' grid versions.
+        x (Tensor): What the module receives: ``(B, N, C)`` tokens, or our backbones' ``(B, H, W,
+            C)`` grid.
+        queries (Sequence[int], optional): The query rows kept. Default: every row (class
+            attention: its one row).
+        kwargs: What the block passes besides ``x``: ``rope`` (EVA-02), ``shared_rel_pos_bias``
             (BEiT), ``attn_mask``.
 
     Returns:
@@ -173,64 +157,16 @@ def attention_probs(attn: nn.Module, x: torch.Tensor, queries: Optional[Sequence
         self-attention (talking heads mix the heads again after the softmax).
 
     Raises:
-        AttentionError: XCiT's XCA (channel attention), a windowed block, or a module of another
-            kind.
+        AttentionError: XCiT's XCA (channel attention), or a block attending within windows.
     """
     if isinstance(attn, xcit.XCA):
-        raise AttentionError(
-            "XCiT's XCA blocks attend over channels (cross-covariance, C/h x C/h per head), not "
-            f'over the image: draw their feature maps with {FEATMAP_TOOL}.')
-    if x.dim() == 4:  # our backbones' token grid
-        ws = getattr(attn, 'window_size', 0)
-        if ws and (x.shape[1] > ws or x.shape[2] > ws):
-            raise AttentionError(f'this block attends within {ws}x{ws} windows, not over the '
-                                 'image: choose a global block.')
-        x = x.flatten(1, 2)
-    x = x.float()
-    B, N, _ = x.shape
-    if isinstance(attn, cait.ClassAttn):  # the class token (row 0) is the only query
-        q = _heads(attn, attn.q(x[:, :1]))
-        k = _heads(attn, attn.k(x))
-        return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-    rows = torch.arange(N, device=x.device) if queries is None else \
-        torch.as_tensor(list(queries), dtype=torch.long, device=x.device)
-    if isinstance(attn, cait.TalkingHeadAttn):
-        q, k = _fused_qk(attn, x)
-        a = (q.index_select(2, rows) * attn.scale) @ k.transpose(-2, -1)
-        a = attn.proj_l(a.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).softmax(dim=-1)
-        return attn.proj_w(a.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-    if isinstance(attn, eva.EvaAttention):
-        if attn.qkv is not None:
-            q, k = _fused_qk(attn, x)
-        else:
-            q, k = _heads(attn, attn.q_proj(x)), _heads(attn, attn.k_proj(x))
-        q, k = attn.q_norm(q), attn.k_norm(k)
-        rope = kwargs.get('rope')
-        if rope is not None:
-            from timm.layers import apply_rot_embed_cat
-            npt = attn.num_prefix_tokens
-            half = dict(half=True) if getattr(attn, 'rotate_half', False) else {}
-            q = torch.cat([q[:, :, :npt], apply_rot_embed_cat(q[:, :, npt:], rope, **half)], 2)
-            k = torch.cat([k[:, :, :npt], apply_rot_embed_cat(k[:, :, npt:], rope, **half)], 2)
-        logits = (q.index_select(2, rows) * attn.scale) @ k.transpose(-2, -1)
-        return _softmax_rows(logits, None, kwargs.get('attn_mask'), rows)
-    if isinstance(attn, beit.Attention):
-        q, k = _fused_qk(attn, x)
-        bias = kwargs.get('shared_rel_pos_bias')
-        if attn.relative_position_bias_table is not None:
-            # timm's own lookup of the module's table (its index buffer over the grid it was
-            # built for)
-            own = attn._get_rel_pos_bias()
-            bias = own if bias is None else own + bias
-        logits = (q.index_select(2, rows) * attn.scale) @ k.transpose(-2, -1)
-        return _softmax_rows(logits, bias, None, rows)
-    if isinstance(attn, vision_transformer.Attention):
-        q, k = _fused_qk(attn, x)
-        q, k = attn.q_norm(q), attn.k_norm(k)
-        logits = (q.index_select(2, rows) * attn.scale) @ k.transpose(-2, -1)
-        return _softmax_rows(logits, None, kwargs.get('attn_mask'), rows)
-    raise AttentionError(f'{type(attn).__name__} is not an attention this tool computes (ViT, '
-                         'DeiT III, DINOv2, EVA-02, BEiT, CaiT and XCiT class attention are).')
+        raise _channel_attention()
+    got = []
+    with torch.no_grad(), _timm_weights({'': attn}, lambda name, w: got.append(w)):
+        attn(x, **kwargs)
+    if got[0].shape[0] != x.shape[0]:  # a batch of windows
+        raise _windowed('this block', getattr(attn, 'window_size', 0))
+    return (got[0] if queries is None else got[0][:, :, list(queries)]).float()
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,7 +259,7 @@ def top_mass_mask(maps: torch.Tensor, share: float,
 
 
 class _Captured(Exception):
-    """Raised by the last hook once every chosen module has its input: the rest of the forward
+    """Raised by the last hook once every chosen module has its weights: the rest of the forward
     is not needed."""
 
 
@@ -352,6 +288,33 @@ def _patch_embed(model: nn.Module) -> nn.Module:
                          'vision transformer this tool knows.')
 
 
+def _query_map(site: AttentionSite, weights: torch.Tensor, query: str,
+               cell: Optional[Tuple[int, int]], grid: dict) -> AttentionMap:
+    """The query's row of a site's weights ``(B, heads, n, N)``, over the patch grid ``grid``
+    (``hw``, ``batch``, ``patch``: what the patch embedding made)."""
+    if weights.shape[0] != grid['batch']:  # a batch of windows
+        raise _windowed(f'block {site.index}', site.window_size)
+    (gh, gw), n_tokens = grid['hw'], weights.shape[-1]
+    prefix = n_tokens - gh * gw  # class, register, distillation tokens before the patches
+    if prefix < 0:
+        raise AttentionError(f'{site.name} attends over {n_tokens} tokens, fewer than the '
+                             f'{gh}x{gw} patches.')
+    if site.kind == 'class':  # the class token, the only query
+        row, label, tag = 0, f'class-attention layer {site.index}', f'class_attn{site.index}'
+    elif query == 'cls':
+        if prefix == 0:
+            raise AttentionError(f'block {site.index} has no class token (a dense trunk with '
+                                 'windows drops it, CaiT\'s trunk has none): use --attention '
+                                 'patch.')
+        row, label, tag = 0, f'block {site.index}, CLS token', f'block{site.index}_cls'
+    else:
+        r, c = cell
+        row, label, tag = (prefix + r * gw + c, f'block {site.index}, patch (row {r}, col {c})',
+                           f'block{site.index}_patch_r{r}c{c}')
+    heads = weights[0, :, row, prefix:].float().reshape(-1, gh, gw).cpu()
+    return AttentionMap(site, label, tag, heads, grid['patch'])
+
+
 def attention_maps(model: nn.Module, run: Callable[[], Any], sites: Sequence[AttentionSite],
                    query: str, cell: Optional[Tuple[int, int]] = None) -> List[AttentionMap]:
     """Run ``run()`` (a forward of ``model``) and return the maps of ``sites`` for ``query``.
@@ -366,66 +329,42 @@ def attention_maps(model: nn.Module, run: Callable[[], Any], sites: Sequence[Att
 
     Returns:
         list[AttentionMap]: One per site, in ``sites``' order.
+
+    Raises:
+        AttentionError: XCiT's XCA or a windowed block among ``sites``, a query a site cannot
+            answer, a forward that does not reach them.
     """
     if query not in ATTENTION_KINDS:
         raise AttentionError(f'attention {query!r}: choose one of {", ".join(ATTENTION_KINDS)}.')
-    captured: Dict[str, Tuple[torch.Tensor, dict]] = {}
+    if any(s.kind == 'channel' for s in sites):
+        raise _channel_attention()
+    embed, by_name = _patch_embed(model), {s.name: s for s in sites}
     grid: Dict[str, Any] = {}
-    embed = _patch_embed(model)
-    names = [s.name for s in sites]
-
-    def keep(name, module, args, kwargs):
-        captured[name] = (args[0].detach(), {k: v for k, v in kwargs.items()
-                                             if torch.is_tensor(v)})
-        if len(captured) == len(names):
-            raise _Captured
+    maps: Dict[str, AttentionMap] = {}
 
     def keep_grid(module, args, output):
-        grid['hw'] = _grid_of(module, args, output)
+        grid.update(hw=_grid_of(module, args, output), batch=args[0].shape[0],
+                    patch=_pair(module.patch_size))
 
-    hooks = [embed.register_forward_hook(keep_grid)]
-    hooks += [s.module.register_forward_pre_hook(
-        lambda m, a, k, n=s.name: keep(n, m, a, k), with_kwargs=True) for s in sites]
+    def keep(name, weights):
+        if 'hw' in grid and name not in maps:
+            maps[name] = _query_map(by_name[name], weights, query, cell, grid)
+        if len(maps) == len(by_name):
+            raise _Captured
+
+    handle = embed.register_forward_hook(keep_grid)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _timm_weights({s.name: s.module for s in sites}, keep):
             run()
     except _Captured:
         pass
     finally:
-        for h in hooks:
-            h.remove()
-    missing = [n for n in names if n not in captured]
-    if missing or 'hw' not in grid:
-        raise AttentionError(f'the forward did not reach {", ".join(missing) or "the patch embedding"}.')
-    gh, gw = grid['hw']
-    patch = _pair(embed.patch_size)
-    out = []
-    for site in sites:
-        x, kwargs = captured[site.name]
-        n_tokens = x.shape[1] * x.shape[2] if x.dim() == 4 else x.shape[1]
-        prefix = n_tokens - gh * gw  # class, register, distillation tokens before the patches
-        if prefix < 0:
-            raise AttentionError(f'{site.name} attends over {n_tokens} tokens, fewer than the '
-                                 f'{gh}x{gw} patches.')
-        if site.kind == 'class':
-            rows, label, tag = None, f'class-attention layer {site.index}', \
-                f'class_attn{site.index}'
-        elif query == 'cls':
-            if prefix == 0:
-                raise AttentionError(f'block {site.index} has no class token (a dense trunk with '
-                                     'windows drops it, CaiT\'s trunk has none): use --attention '
-                                     'patch.')
-            rows, label, tag = [0], f'block {site.index}, CLS token', f'block{site.index}_cls'
-        else:
-            r, c = cell
-            rows = [prefix + r * gw + c]
-            label, tag = (f'block {site.index}, patch (row {r}, col {c})',
-                          f'block{site.index}_patch_r{r}c{c}')
-        with torch.no_grad():
-            probs = attention_probs(site.module, x, rows, **kwargs)[0, :, 0, prefix:]
-        out.append(AttentionMap(site=site, label=label, tag=tag,
-                                heads=probs.reshape(-1, gh, gw).float().cpu(), patch_size=patch))
-    return out
+        handle.remove()
+    missing = [n for n in by_name if n not in maps]
+    if missing:
+        raise AttentionError(f'the forward did not reach {", ".join(missing)} after the patch '
+                             'embedding.')
+    return [maps[s.name] for s in sites]
 
 
 # --------------------------------------------------------------------------------------------

@@ -368,7 +368,7 @@ def attention_maps(model: nn.Module, run: Callable[[], Any], sites: Sequence[Att
 
 
 # --------------------------------------------------------------------------------------------
-# classifiers: timm names and checkpoints, through deepvit_mm's loader
+# classifiers: timm's, with weights from a file
 # --------------------------------------------------------------------------------------------
 # timm modules whose models take any input size when built with dynamic_img_size
 _DYNAMIC = ('vision_transformer', 'deit', 'eva')
@@ -376,15 +376,16 @@ _DYNAMIC = ('vision_transformer', 'deit', 'eva')
 
 def build_classifier(name: str, checkpoint: Optional[str] = None,
                      **kwargs) -> Tuple[nn.Module, str]:
-    """A timm classifier with its classification weights, read through deepvit_mm's loader.
+    """A timm classifier with its classification weights: ``timm.create_model`` with the
+    checkpoint as its pretrained weights (timm's ``checkpoint_filter_fn`` converts the official
+    XCiT/CaiT/DeiT layouts and resolutions; the load is strict).
 
     Args:
         name (str): timm's model name (``xcit_small_12_p8_224``; a pretrained tag such as
             ``.fb_in1k`` picks those weights on the hub).
-        checkpoint (str, optional): Its weights: a path, URL or ``hf-hub:`` name
-            (``deepvit_mm.checkpoints.read_checkpoint``; official XCiT/CaiT/DeiT layouts are
-            converted by timm's ``checkpoint_filter_fn``). Default: timm's pretrained weights
-            of ``name`` on the Hugging Face hub.
+        checkpoint (str, optional): Its weights: a path, URL or ``hf-hub:`` name, read by
+            ``deepvit_mm.checkpoints.read_checkpoint`` (no code run from a pickle). Default:
+            timm's pretrained weights of ``name`` on the Hugging Face hub.
         kwargs: More arguments of the timm model (tests build small ones: ``depth=2``).
 
     Returns:
@@ -393,50 +394,48 @@ def build_classifier(name: str, checkpoint: Optional[str] = None,
     Raises:
         AttentionError: an unknown name, no weights for it, or weights that do not fit it.
     """
-    import importlib
-
     import timm
-    from timm.models import is_model_in_modules
 
-    from ..checkpoints import (
-        CheckpointError,
-        extract_state_dict,
-        load_weights,
-        plan_load,
-        read_checkpoint,
-    )
+    from ..checkpoints import CheckpointError, extract_state_dict, read_checkpoint
     base = name.split('.')[0]
     if not timm.is_model(base):
         import difflib
         close = difflib.get_close_matches(base, timm.list_models(), n=1)
         raise AttentionError(f'{name!r} is neither a config file (.py) nor a timm model name'
                              + (f'; did you mean {close[0]!r}?' if close else '.'))
-    if is_model_in_modules(base, _DYNAMIC) and 'dynamic_img_size' not in kwargs:
-        kwargs = dict(kwargs, dynamic_img_size=True)  # any input size
-    model = timm.create_model(name, pretrained=False, **kwargs)
+    if timm.models.is_model_in_modules(base, _DYNAMIC):
+        kwargs.setdefault('dynamic_img_size', True)  # any input size
     if checkpoint is None:
-        hub = model.pretrained_cfg.get('hf_hub_id')
+        hub = timm.models.get_pretrained_cfg(name).hf_hub_id
         if not hub:
             raise AttentionError(f'timm has no hub weights for {name!r}: give its checkpoint.')
         checkpoint = 'hf-hub:' + hub
     try:
         sd = extract_state_dict(read_checkpoint(checkpoint))
-        timm_module = importlib.import_module(type(model).__module__)
-        filter_fn = getattr(timm_module, 'checkpoint_filter_fn', None)
-        if filter_fn is not None:  # official layouts, another resolution
-            sd = filter_fn(sd, model)
-        report = plan_load(model, sd, source=str(checkpoint)).report
-    except (CheckpointError, OSError, RuntimeError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AttentionError(f'{checkpoint}: {first}') from None
-    left = [k for k in report.left_at_init if not k.endswith('num_batches_tracked')]
-    if left or report.skipped:
-        raise AttentionError(
-            f'{checkpoint} does not fit {base}: {len(left)} of the model\'s tensors are not in it '
-            f'({", ".join(left[:3])}{", ..." if len(left) > 3 else ""}), {len(report.skipped)} '
-            'of its tensors are not in the model; give the timm name it was trained as.')
-    load_weights(model, sd, source=str(checkpoint), strict=True, log=False)
+        model = timm.create_model(name, pretrained=True,
+                                  pretrained_cfg_overlay=dict(state_dict=sd), **kwargs)
+    except (CheckpointError, OSError, KeyError) as e:
+        raise AttentionError(f'{checkpoint}: {_first_line(e)}') from None
+    except (RuntimeError, ValueError) as e:  # timm's strict load: torch names the keys
+        raise AttentionError(_misfit(checkpoint, base, e)) from None
     return model.eval(), str(checkpoint)
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _misfit(checkpoint: str, base: str, e: BaseException) -> str:
+    """One line for a checkpoint whose strict load failed, from torch's message."""
+    lines = [x.strip() for x in str(e).splitlines()]
+    missing, unexpected = (re.findall(r'"([^"]+)"', next((x for x in lines if x.startswith(w)), ''))
+                           for w in ('Missing key', 'Unexpected key'))
+    if not (missing or unexpected):  # e.g. a size mismatch: torch's first
+        return f'{checkpoint} does not fit {base}: {next((x for x in lines[1:] if x), lines[0])}'
+    return (f'{checkpoint} does not fit {base}: {len(missing)} of the model\'s tensors are not in '
+            f'it ({", ".join(missing[:3])}{", ..." if len(missing) > 3 else ""}), '
+            f'{len(unexpected)} of its tensors are not in the model; give the timm name it was '
+            'trained as.')
 
 
 def classifier_input(model: nn.Module, image: np.ndarray,

@@ -18,11 +18,18 @@ from .config import (
     task_registry,
     vis_backend_types,
 )
-from .inference import PALETTES, build_inferencer, model_index, resolve_model, run_inferencer
+from .inference import (
+    PALETTES,
+    build_inferencer,
+    default_device,
+    model_index,
+    resolve_model,
+    run_inferencer,
+)
 from .runs import objects_frozen
 
 __all__ = ['prepare_config', 'task_of', 'task_registry', 'read_config', 'load_config',
            'build_from_config', 'num_classes_of', 'enable_visualization', 'VIS_BACKENDS',
            'vis_backend_types', 'set_vis_backends', 'TTA_SCALE_RATIOS', 'enable_tta',
            'enable_auto_scale_lr', 'set_test_out', 'model_index', 'resolve_model', 'PALETTES',
-           'build_inferencer', 'run_inferencer', 'objects_frozen']
+           'default_device', 'build_inferencer', 'run_inferencer', 'objects_frozen']

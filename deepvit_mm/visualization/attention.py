@@ -22,7 +22,6 @@ CLS token's, a patch's), DINO's top share of attention mass, and the map laid ov
 image (``.align.align_to_image``: cropped to the cells that see the image, then resized).
 """
 import contextlib
-import logging
 import os.path as osp
 import re
 from dataclasses import dataclass, field
@@ -35,17 +34,22 @@ import torch.nn.functional as F
 from timm.models import beit, cait, eva, vision_transformer, xcit
 
 from .align import align_to_image, valid_grid
-from .featmaps import VisualizationError, list_images, read_image
+from .drawing import (
+    VisualizationError,
+    build_writer,
+    check_alpha,
+    draw_label,
+    list_images,
+    network_input,
+    read_image,
+)
 
-__all__ = ['AttentionError', 'AttentionSite', 'AttentionMap', 'AttentionPicture',
-           'AttentionDrawer', 'ImageAttention', 'ATTENTION_KINDS', 'attention_sites', 'attention_probs',
-           'attention_maps', 'top_mass_mask', 'build_classifier', 'classifier_input',
+__all__ = ['AttentionDrawer', 'attention_sites', 'attention_probs', 'attention_maps',
            'visualize_attention']
 
 #: what ``attention_maps`` draws: ``class`` (class-attention layers), ``cls`` (the CLS token's
 #: row of a self-attention block), ``patch`` (a patch's row of a self-attention block)
 ATTENTION_KINDS = ('class', 'cls', 'patch')
-
 FEATMAP_TOOL = 'tools/analysis/featmap_vis.py'
 _SELF_ATTENTION = (vision_transformer.Attention, eva.EvaAttention, beit.Attention,
                    cait.TalkingHeadAttn)
@@ -207,14 +211,8 @@ class AttentionMap:
 
     def aligned(self, img_shape: Sequence[int], ori_shape: Sequence[int],
                 mode: str = 'bilinear') -> Dict[str, np.ndarray]:
-        """``maps()`` at the original image's size (``align_to_image``: cropped to the cells that
-        see the image, then resized).
-
-        Args:
-            img_shape (Sequence[int]): The image's ``(H, W)`` in input pixels, before padding.
-            ori_shape (Sequence[int]): The original image's ``(H, W)``.
-            mode (str): ``torch.nn.functional.interpolate``'s mode. Default: ``'bilinear'``.
-        """
+        """``maps()`` at the original image's size (``align_to_image``), from the image's
+        ``img_shape`` in input pixels before padding; ``mode``: ``F.interpolate``'s."""
         maps = self.maps()
         stack = align_to_image(torch.stack(list(maps.values())), img_shape, self.pad_shape,
                                ori_shape, mode=mode)
@@ -239,9 +237,7 @@ def top_mass_mask(maps: torch.Tensor, share: float,
     Raises:
         AttentionError: ``share`` outside (0, 1], or a map with negative values.
     """
-    if not 0 < share <= 1:
-        raise AttentionError(f'--threshold {share}: give the share of attention mass to keep, '
-                             'in (0, 1], e.g. 0.6.')
+    _check_threshold(share)
     if (maps < 0).any():
         raise AttentionError('--threshold keeps a share of attention mass, and these maps have '
                              'negative weights (CaiT\'s talking heads mix the heads after the '
@@ -256,6 +252,12 @@ def top_mass_mask(maps: torch.Tensor, share: float,
     keep_sorted = values.cumsum(-1) > (1 - share)
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     return keep.reshape(maps.shape) & inside
+
+
+def _check_threshold(share: Optional[float]) -> None:
+    if share is not None and not 0 < share <= 1:
+        raise AttentionError(f'--threshold {share}: give the share of attention mass to keep, '
+                             'in (0, 1], e.g. 0.6.')
 
 
 class _Captured(Exception):
@@ -458,10 +460,9 @@ def classifier_input(model: nn.Module, image: np.ndarray,
     cfg = resolve_data_config({}, model=model)
     embed = _patch_embed(model)
     h, w = image.shape[:2]
+    fixed = None
     if getattr(model, 'dynamic_img_size', False) or isinstance(model, xcit.Xcit):
-        fixed = None
-        size = int(input_size or cfg['input_size'][-1])
-        scale = size / max(h, w)
+        scale = int(input_size or cfg['input_size'][-1]) / max(h, w)
     else:  # one grid (CaiT, BEiT): the image fits in it
         fixed = _pair(embed.img_size)
         if input_size is not None and input_size > min(fixed):
@@ -470,13 +471,12 @@ def classifier_input(model: nn.Module, image: np.ndarray,
                                  f'{min(fixed)}.')
         scale = min(fixed[0] / h, fixed[1] / w, (input_size or max(fixed)) / max(h, w))
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float() / 255
     if fixed:  # rounding must not push a side past the grid
         nh, nw = min(nh, fixed[0]), min(nw, fixed[1])
+    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float() / 255
     x = F.interpolate(x, size=(nh, nw), mode='bicubic', align_corners=False, antialias=True)
-    mean = torch.tensor(cfg['mean']).view(1, 3, 1, 1)
-    std = torch.tensor(cfg['std']).view(1, 3, 1, 1)
-    x = (x.clamp(0, 1) - mean) / std
+    x = (x.clamp(0, 1) - torch.tensor(cfg['mean']).view(1, 3, 1, 1)) / \
+        torch.tensor(cfg['std']).view(1, 3, 1, 1)
     p = _pair(embed.patch_size)
     ph, pw = fixed or (-(-nh // p[0]) * p[0], -(-nw // p[1]) * p[1])
     return F.pad(x, (0, pw - nw, 0, ph - nh)), (nh, nw)
@@ -502,76 +502,6 @@ class AttentionPicture:
     mask: Optional[np.ndarray] = None
 
 
-def _parse_patch(patch: Optional[str], ori_shape: Tuple[int, int]) -> Tuple[float, float]:
-    """``'x,y'`` in image pixels (default: the image's centre)."""
-    h, w = ori_shape
-    if patch is None:
-        return (w - 1) / 2, (h - 1) / 2
-    m = re.fullmatch(r'\s*(\d+(?:\.\d*)?)\s*,\s*(\d+(?:\.\d*)?)\s*', str(patch))
-    if not m:
-        raise AttentionError(f'--patch {patch!r}: give x,y in image pixels, e.g. --patch '
-                             f'{w // 2},{h // 2}.')
-    x, y = float(m.group(1)), float(m.group(2))
-    if not (x < w and y < h):
-        raise AttentionError(f'--patch {patch}: outside the {w}x{h} image (give x < {w}, '
-                             f'y < {h}).')
-    return x, y
-
-
-def _pick(sites: List[AttentionSite], i: int, model_name: str, what: str) -> AttentionSite:
-    n = len(sites)
-    if not -n <= i < n:
-        raise AttentionError(f'{model_name} has no {what} {i}: its {what}s are 0-{n - 1}.')
-    return sites[i]
-
-
-def _choose(sites: List[AttentionSite], kind: str, blocks: Optional[Sequence[int]],
-            model_name: str) -> List[AttentionSite]:
-    """The sites of the request, or an AttentionError saying what the model has instead."""
-    if kind == 'class':
-        layers = [s for s in sites if s.kind == 'class']
-        if blocks is None:
-            return layers
-        return [_pick(layers, i, model_name, 'class-attention layer') for i in blocks]
-    trunk = [s for s in sites if s.kind != 'class']
-    if not trunk:
-        raise AttentionError(f'{model_name} has no self-attention blocks.')
-    if all(s.kind == 'channel' for s in trunk):
-        raise AttentionError(
-            f"{model_name}: XCiT's blocks attend over channels (cross-covariance), not over the "
-            f'image: draw its feature maps with {FEATMAP_TOOL}, or its class attention '
-            '(--attention class, from the classification weights).')
-    global_ = [s.index for s in trunk if not s.window_size]
-    out = []
-    for i in ([global_[-1]] if blocks is None else blocks):
-        site = _pick(trunk, i, model_name, 'block')
-        if site.window_size:
-            raise AttentionError(
-                f'{model_name}: block {site.index} attends within {site.window_size}x'
-                f'{site.window_size} windows, not over the image; its global blocks are '
-                f'{", ".join(map(str, global_))}.')
-        out.append(site)
-    return out
-
-
-@contextlib.contextmanager
-def _quiet_log():
-    """mmengine's current logger at WARNING inside the block."""
-    from mmengine.logging import MMLogger
-    logger = MMLogger.get_current_instance()
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def _is_path(s: str) -> bool:
-    return osp.exists(s) or s.startswith(('http://', 'https://', 'hf-hub:')) or \
-        s.endswith(('.pth', '.pt', '.bin', '.safetensors'))
-
-
 @dataclass
 class ImageAttention:
     """An image's maps (``AttentionDrawer.compute``).
@@ -592,15 +522,69 @@ class ImageAttention:
     xy: Optional[Tuple[float, float]] = None
 
 
+def _parse_patch(patch: Optional[str], ori_shape: Tuple[int, int]) -> Tuple[float, float]:
+    """``'x,y'`` in image pixels (default: the image's centre)."""
+    h, w = ori_shape
+    if patch is None:
+        return (w - 1) / 2, (h - 1) / 2
+    m = re.fullmatch(r'\s*(\d+(?:\.\d*)?)\s*,\s*(\d+(?:\.\d*)?)\s*', str(patch))
+    if not m:
+        raise AttentionError(f'--patch {patch!r}: give x,y in image pixels, e.g. --patch '
+                             f'{w // 2},{h // 2}.')
+    x, y = float(m.group(1)), float(m.group(2))
+    if not (x < w and y < h):
+        raise AttentionError(f'--patch {patch}: outside the {w}x{h} image (give x < {w}, '
+                             f'y < {h}).')
+    return x, y
+
+
+def _pick(sites: List[AttentionSite], i: int, model_name: str, what: str) -> AttentionSite:
+    if not -len(sites) <= i < len(sites):
+        raise AttentionError(f'{model_name} has no {what} {i}: its {what}s are 0-{len(sites) - 1}.')
+    return sites[i]
+
+
+def _choose(sites: List[AttentionSite], kind: str, blocks: Optional[Sequence[int]],
+            model_name: str) -> List[AttentionSite]:
+    """The sites of the request, or an AttentionError saying what the model has instead."""
+    if kind == 'class':
+        layers = [s for s in sites if s.kind == 'class']
+        return layers if blocks is None else \
+            [_pick(layers, i, model_name, 'class-attention layer') for i in blocks]
+    trunk = [s for s in sites if s.kind != 'class']
+    if not trunk:
+        raise AttentionError(f'{model_name} has no self-attention blocks.')
+    if all(s.kind == 'channel' for s in trunk):
+        raise AttentionError(
+            f"{model_name}: XCiT's blocks attend over channels (cross-covariance), not over the "
+            f'image: draw its feature maps with {FEATMAP_TOOL}, or its class attention '
+            '(--attention class, from the classification weights).')
+    global_ = [s.index for s in trunk if not s.window_size]
+    chosen = [_pick(trunk, i, model_name, 'block') for i in
+              ([global_[-1]] if blocks is None else blocks)]
+    for site in chosen:
+        if site.window_size:
+            raise AttentionError(
+                f'{model_name}: block {site.index} attends within {site.window_size}x'
+                f'{site.window_size} windows, not over the image; its global blocks are '
+                f'{", ".join(map(str, global_))}.')
+    return chosen
+
+
+def _is_path(s: str) -> bool:
+    return osp.exists(s) or s.startswith(('http://', 'https://', 'hf-hub:')) or \
+        s.endswith(('.pth', '.pt', '.bin', '.safetensors'))
+
+
 class AttentionDrawer:
     """A model and the attention asked of it, checked before any image is read.
 
     Args:
         model (str): A detector's or segmentor's config file (``.py``), or a timm classifier's
             name (``xcit_small_12_p8_224``, ``vit_small_patch14_dinov2.lvd142m``).
-        checkpoint (str, optional): The config's weights (required with a config), or the
-            classifier's (default: timm's pretrained weights of the name on the hub), read by
-            ``deepvit_mm.checkpoints``.
+        checkpoint (str, optional): The config's trained weights (required with a config; a
+            checkpoint leaving any of the model at init is refused), or the classifier's
+            (``build_classifier``).
         attention (str): ``'class'``, ``'cls'``, ``'patch'``, or ``'auto'``: class attention
             for a classifier that has it (XCiT, CaiT), else the CLS token's; a patch's for a
             config. Default: ``'auto'``.
@@ -612,7 +596,7 @@ class AttentionDrawer:
         input_size (int, optional): A classifier's input: the image's longer side
             (``classifier_input``).
         cfg_options (dict, optional): Overrides of the config.
-        device (str, optional): Default: ``'cuda:0'`` when available, else ``'cpu'``.
+        device (str, optional): Default: ``deepvit_mm.apis.default_device()``.
         log (callable): Where the one-line notes go. Default: ``print``.
 
     Raises:
@@ -624,19 +608,22 @@ class AttentionDrawer:
                  classifier: Optional[str] = None, input_size: Optional[int] = None,
                  cfg_options: Optional[dict] = None, device: Optional[str] = None,
                  log: Callable[[str], None] = print) -> None:
+        from ..apis import build_inferencer, default_device
+        from ..checkpoints import require_complete_model
         if attention not in ('auto',) + ATTENTION_KINDS:
             raise AttentionError(f'--attention {attention!r}: choose auto or one of '
                                  f'{", ".join(ATTENTION_KINDS)}.')
-        self.device = torch.device(device or ('cuda:0' if torch.cuda.is_available() else 'cpu'))
-        self.input_size = input_size
-        self.cfg = None
+        self.device, self.input_size, self.inferencer = default_device(device), input_size, None
         if model.endswith('.py'):
             if checkpoint is None:
                 raise AttentionError(f'{model} is a config: give its trained checkpoint too.')
-            self._load_dense(model, checkpoint, cfg_options)
+            with require_complete_model():  # a backbone-only one would be drawn as the model's
+                self.inferencer, _ = build_inferencer(model, checkpoint, self.device,
+                                                      cfg_options=cfg_options)
+            self.model, self.name = self.inferencer.model, osp.splitext(osp.basename(model))[0]
             kind = 'patch' if attention == 'auto' else attention
         else:
-            self._load_classifier(model, checkpoint, '{name}')
+            self._load_classifier(model, checkpoint, model)
             has_class = any(s.kind == 'class' for s in attention_sites(self.model))
             kind = attention if attention != 'auto' else ('class' if has_class else 'cls')
         if kind == 'class' and not any(s.kind == 'class' for s in attention_sites(self.model)):
@@ -644,41 +631,12 @@ class AttentionDrawer:
         self.kind = kind
         self.sites = _choose(attention_sites(self.model), kind, blocks, self.name)
 
-    # ----------------------------------------------------------------- models
     def _load_classifier(self, name: str, checkpoint: Optional[str], label: str) -> None:
-        model, source = build_classifier(name, checkpoint)
-        self.model, self.dense = model.to(self.device), None
-        self.name = label.format(name=name)
-        self.source = source
-
-    def _load_dense(self, config: str, checkpoint: str, cfg_options: Optional[dict]) -> None:
-        """The config's model with its weights (deepvit_mm's loader), its test pipeline without
-        annotations; its backbone runs."""
-        from ..apis import build_from_config, load_config
-        from ..checkpoints import CheckpointError, load_weights, read_checkpoint
-        if not osp.isfile(config):
-            raise AttentionError(f'config not found: {config!r}.')
-        cfg = load_config(config, cfg_options)
-        pipeline = cfg.get('test_dataloader', {}).get('dataset', {}).get('pipeline')
-        if not pipeline:
-            raise AttentionError(f'{config} has no test pipeline '
-                                 '(test_dataloader.dataset.pipeline).')
-        with _quiet_log():  # init_weights lists every tensor's init: the checkpoint replaces it
-            model, task = build_from_config(cfg)
-        try:  # a trained model's: a backbone-only checkpoint would be drawn as the detector's
-            load_weights(model, read_checkpoint(checkpoint), source=checkpoint,
-                         require_complete=True, log=False)
-        except (CheckpointError, OSError) as e:
-            raise AttentionError(f'{checkpoint}: {str(e).strip().splitlines()[0]}') from None
-        self.cfg, self.task = cfg, task
-        self.model = model.eval().to(self.device)
-        self.dense = [dict(s) for s in pipeline if 'Annotations' not in str(s.get('type'))]
-        self.name = f'{osp.splitext(osp.basename(config))[0]}'
-        self.source = checkpoint
+        self.model, self.name = build_classifier(name, checkpoint)[0].to(self.device), label
 
     def _class_attention_elsewhere(self, model: str, classifier: Optional[str], log) -> None:
         """A model without class-attention layers: the classifier named takes its place."""
-        if self.dense is None:
+        if self.inferencer is None:
             raise AttentionError(f'{model} has no class-attention layers (XCiT and CaiT '
                                  'classifiers have them): use --attention cls or patch.')
         backbone = getattr(self.model, 'backbone', self.model)
@@ -696,27 +654,18 @@ class AttentionDrawer:
                                  'build it as; give a timm name.')
         log(f'{self.name}: its {what} backbone has no class-attention blocks (dense backbones '
             f"drop them); drawing the pretrained classifier {name}'s.")
-        self._load_classifier(name, ckpt, 'pretrained classifier {name}')
+        self._load_classifier(name, ckpt, f'pretrained classifier {name}')
 
-    # ----------------------------------------------------------------- one image
-    def _prepare(self, path: str, image: np.ndarray):
-        """The forward on one image, and the image's ``img_shape`` in input pixels."""
-        if self.dense is None:
+    def _prepare(self, image: np.ndarray):
+        """The forward on one image (BGR), and the image's ``img_shape`` in input pixels."""
+        if self.inferencer is None or self.model is not self.inferencer.model:  # a classifier
             x, img_shape = classifier_input(self.model, image[..., ::-1], self.input_size)
             x = x.to(self.device)
             return (lambda: self.model(x)), img_shape
-        from mmengine.dataset import Compose
-        from mmengine.registry import DefaultScope
-        scope = self.cfg.get('default_scope', 'mmdet' if self.task == 'det' else 'mmseg')
-        with DefaultScope.overwrite_default_scope(scope):
-            data = Compose(self.dense)(dict(img_path=path, img_id=0))
-        batch = self.model.data_preprocessor(
-            dict(inputs=[data['inputs']], data_samples=[data['data_samples']]), False)
-        meta = batch['data_samples'][0].metainfo
-        backbone, inputs = self.model.backbone, batch['inputs']
-        return (lambda: backbone(inputs)), tuple(meta['img_shape'][:2])
+        inputs, meta = network_input(self.inferencer, image)
+        return (lambda: self.model.backbone(inputs)), tuple(meta['img_shape'][:2])
 
-    def compute(self, path: str, patch: Optional[str] = None) -> 'ImageAttention':
+    def compute(self, path: str, patch: Optional[str] = None) -> ImageAttention:
         """The maps of one image, before they are drawn.
 
         Args:
@@ -726,15 +675,14 @@ class AttentionDrawer:
         """
         image = read_image(path)
         ori_shape = tuple(image.shape[:2])
-        run, img_shape = self._prepare(path, image)
+        run, img_shape = self._prepare(image)
         cell = xy = None
         if self.kind == 'patch':
             xy = _parse_patch(patch, ori_shape)
             p = _pair(_patch_embed(self.model).patch_size)
             # the pixel in the network input: the image scaled to img_shape, padded after it
-            x = xy[0] * img_shape[1] / ori_shape[1]
-            y = xy[1] * img_shape[0] / ori_shape[0]
-            cell = (int(y // p[0]), int(x // p[1]))
+            cell = (int(xy[1] * img_shape[0] / ori_shape[0] // p[0]),
+                    int(xy[0] * img_shape[1] / ori_shape[1] // p[1]))
         maps = attention_maps(self.model, run, self.sites, self.kind, cell)
         return ImageAttention(path, np.ascontiguousarray(image[..., ::-1]), maps,
                               tuple(int(s) for s in img_shape), ori_shape, xy)
@@ -754,39 +702,37 @@ class AttentionDrawer:
         """
         from mmengine.visualization import Visualizer
         result = self.compute(path, patch)
-        rgb, maps, xy = result.image, result.maps, result.xy
-        img_shape, ori_shape = result.img_shape, result.ori_shape
         vis = vis or Visualizer(name=f'attention_draw_{id(self)}')
-        stem = osp.splitext(osp.basename(path))[0]
-        out = []
-        for m in maps:
-            arrays = m.aligned(img_shape, ori_shape)
-            masks = self._masks(m, threshold, img_shape, ori_shape)
-            for head, arr in arrays.items():
-                what = m.label if xy is None else \
-                    f'block {m.site.index}, patch at x,y = {xy[0]:.0f},{xy[1]:.0f}'
+        stem, xy, out = osp.splitext(osp.basename(path))[0], result.xy, []
+        for m in result.maps:
+            masks = _masks(m, threshold, result.img_shape, result.ori_shape)
+            what = m.label if xy is None else \
+                f'block {m.site.index}, patch at x,y = {xy[0]:.0f},{xy[1]:.0f}'
+            for head, arr in m.aligned(result.img_shape, result.ori_shape).items():
                 label = f'{self.name}\n{what}, {"mean of heads" if head == "mean" else head}'
                 name = f'{stem}_{m.tag}_{head}'
-                out.append(AttentionPicture(name, _draw(vis, arr, rgb, label, alpha, xy), arr))
+                out.append(AttentionPicture(name, _draw(vis, arr, result.image, label, alpha,
+                                                        xy), arr))
                 if head in masks:
-                    kept = np.where(masks[head], arr, 0).astype(np.float32)
-                    pct = round(threshold * 100)
-                    out.append(AttentionPicture(
-                        f'{name}_top{pct}', _draw(vis, kept, rgb, f'{label}, top {pct}% of its '
-                                                  'mass', alpha, xy), kept, masks[head]))
+                    kept, pct = np.where(masks[head], arr, 0).astype(np.float32), \
+                        round(threshold * 100)
+                    label = f'{label}, top {pct}% of its mass'
+                    out.append(AttentionPicture(f'{name}_top{pct}', _draw(
+                        vis, kept, result.image, label, alpha, xy), kept, masks[head]))
         return out
 
-    @staticmethod
-    def _masks(m: AttentionMap, threshold: Optional[float], img_shape,
-               ori_shape) -> Dict[str, np.ndarray]:
-        if threshold is None:
-            return {}
-        grid_maps = m.maps()
-        valid = valid_grid(m.grid, img_shape, m.pad_shape)
-        keep = top_mass_mask(torch.stack(list(grid_maps.values())), threshold, valid)
-        aligned = align_to_image(keep.float(), img_shape, m.pad_shape, ori_shape,
-                                 mode='nearest-exact')
-        return {k: v.numpy() > 0.5 for k, v in zip(grid_maps, aligned)}
+
+def _masks(m: AttentionMap, threshold: Optional[float], img_shape,
+           ori_shape) -> Dict[str, np.ndarray]:
+    """``top_mass_mask`` of each of ``m.maps()`` at the original image's size."""
+    if threshold is None:
+        return {}
+    grid_maps = m.maps()
+    keep = top_mass_mask(torch.stack(list(grid_maps.values())), threshold,
+                         valid_grid(m.grid, img_shape, m.pad_shape))
+    aligned = align_to_image(keep.float(), img_shape, m.pad_shape, ori_shape,
+                             mode='nearest-exact')
+    return {k: v.numpy() > 0.5 for k, v in zip(grid_maps, aligned)}
 
 
 def _draw(vis, arr: np.ndarray, image: np.ndarray, label: str, alpha: float,
@@ -795,32 +741,7 @@ def _draw(vis, arr: np.ndarray, image: np.ndarray, label: str, alpha: float,
     patch marked."""
     drawn = vis.draw_featmap(torch.from_numpy(arr)[None], overlaid_image=image,
                              channel_reduction=None, topk=0, alpha=alpha)
-    vis.set_image(drawn)
-    size = max(7, min(drawn.shape[:2]) // 18)
-    vis.draw_texts(label, np.array([2, 2]), colors='white', font_sizes=size,
-                   vertical_alignments='top',
-                   bboxes=dict(facecolor='black', alpha=0.6, pad=1, edgecolor='none'))
-    if xy is not None:
-        vis.draw_points(np.array([xy]), colors='white', marker='x',
-                        sizes=np.array([max(16, size * 3)]))
-    return vis.get_image()
-
-
-def _writer(out_dir: str, backends: Optional[Sequence[dict]]):
-    """mmengine's Visualizer writing to ``backends`` (a local one always, into ``out_dir``)."""
-    import time
-
-    from mmengine.visualization import Visualizer
-    cfgs = [dict(b) for b in backends or []]
-    if not any(str(b.get('type', '')).split('.')[-1] == 'LocalVisBackend' for b in cfgs):
-        cfgs.append(dict(type='LocalVisBackend'))
-    for b in cfgs:
-        b['type'] = str(b['type']).split('.')[-1]  # mmengine's own registry has them all
-        if b['type'] == 'LocalVisBackend':
-            b.update(save_dir=out_dir, img_save_dir='.')
-    # a name of its own: mmengine returns an existing visualizer of the same name, unchanged
-    return Visualizer(name=f'attention_vis_{time.time_ns()}', vis_backends=cfgs,
-                      save_dir=out_dir)
+    return draw_label(vis, drawn, label, xy)
 
 
 def visualize_attention(inputs: str, model: str, checkpoint: Optional[str], out_dir: str, *,
@@ -858,24 +779,19 @@ def visualize_attention(inputs: str, model: str, checkpoint: Optional[str], out_
             written then.
     """
     from mmengine.visualization import Visualizer
-    if threshold is not None and not 0 < threshold <= 1:
-        raise AttentionError(f'--threshold {threshold}: give the share of attention mass to '
-                             'keep, in (0, 1], e.g. 0.6.')
-    if not 0 <= alpha <= 1:
-        raise AttentionError(f'--alpha {alpha}: give a weight in [0, 1].')
+    _check_threshold(threshold)
+    check_alpha(alpha)
     files = list_images(inputs)
-    for f in files:  # every image readable before a model is built or anything written
-        read_image(f)
     drawer = AttentionDrawer(model, checkpoint, attention=attention, blocks=blocks,
                              classifier=classifier, input_size=input_size,
                              cfg_options=cfg_options, device=device, log=log)
-    if vis_backends is None and drawer.cfg is not None:
-        vis_backends = (drawer.cfg.get('visualizer') or {}).get('vis_backends')
+    if vis_backends is None and drawer.inferencer is not None:
+        vis_backends = (drawer.inferencer.cfg.get('visualizer') or {}).get('vis_backends')
     vis = Visualizer(name=f'attention_draw_{id(drawer)}')
     writer, written = None, []
     for path in files:
         pictures = drawer(path, patch=patch, threshold=threshold, alpha=alpha, vis=vis)
-        writer = writer or _writer(out_dir, vis_backends)  # the first image's maps are drawn
+        writer = writer or build_writer(out_dir, vis_backends)  # the first image's maps drawn
         for p in pictures:
             writer.add_image(p.name, p.image, step=0)
             written.append(osp.join(out_dir, f'{p.name}_0.png'))

@@ -26,14 +26,8 @@ from mmengine.config import Config
 from timm.utils import AttentionExtract
 
 from deepvit_mm import CaiT, TimmBEiT, TimmEVA, TimmViT
-from deepvit_mm.visualization import (
-    AttentionDrawer,
-    AttentionError,
-    AttentionMap,
-    attention_maps,
-    attention_sites,
-    top_mass_mask,
-)
+from deepvit_mm.visualization import AttentionDrawer, attention_maps, attention_sites
+from deepvit_mm.visualization.attention import AttentionError, AttentionMap, top_mass_mask
 
 TOOL = os.path.join(ROOT, 'tools', 'analysis', 'attention_vis.py')
 # float rounding: fused and unfused attention, and the order of the matmuls, differ by ~1e-7

@@ -42,6 +42,7 @@ from .drawing import (
     list_images,
     network_input,
     read_image,
+    write_picture,
 )
 
 __all__ = ['AttentionDrawer', 'attention_sites', 'attention_probs', 'attention_maps',
@@ -501,6 +502,13 @@ class AttentionPicture:
     array: np.ndarray
     mask: Optional[np.ndarray] = None
 
+    def arrays(self) -> Dict[str, np.ndarray]:
+        """What its ``.npz`` holds: ``map`` (float32) and, for a threshold, ``mask``."""
+        out = dict(map=self.array.astype(np.float32))
+        if self.mask is not None:
+            out['mask'] = self.mask
+        return out
+
 
 @dataclass
 class ImageAttention:
@@ -608,6 +616,8 @@ class AttentionDrawer:
                  classifier: Optional[str] = None, input_size: Optional[int] = None,
                  cfg_options: Optional[dict] = None, device: Optional[str] = None,
                  log: Callable[[str], None] = print) -> None:
+        from mmengine.visualization import Visualizer
+
         from ..apis import build_inferencer, default_device
         from ..checkpoints import require_complete_model
         if attention not in ('auto',) + ATTENTION_KINDS:
@@ -630,6 +640,7 @@ class AttentionDrawer:
             self._class_attention_elsewhere(model, classifier, log)
         self.kind = kind
         self.sites = _choose(attention_sites(self.model), kind, blocks, self.name)
+        self.vis = Visualizer(name=f'attention_draw_{id(self)}')  # draws, writes nothing
 
     def _load_classifier(self, name: str, checkpoint: Optional[str], label: str) -> None:
         self.model, self.name = build_classifier(name, checkpoint)[0].to(self.device), label
@@ -698,11 +709,11 @@ class AttentionDrawer:
             patch (str, optional): As ``compute`` takes it.
             threshold (float, optional): DINO's share of attention mass to keep (0.6).
             alpha (float): The map's weight over the image. Default: 0.5.
-            vis (Visualizer, optional): Draws (mmengine's ``Visualizer``). Default: a new one.
+            vis (Visualizer, optional): Draws (mmengine's ``Visualizer``). Default: the
+                drawer's own.
         """
-        from mmengine.visualization import Visualizer
         result = self.compute(path, patch)
-        vis = vis or Visualizer(name=f'attention_draw_{id(self)}')
+        vis = vis or self.vis
         stem, xy, out = osp.splitext(osp.basename(path))[0], result.xy, []
         for m in result.maps:
             masks = _masks(m, threshold, result.img_shape, result.ori_shape)
@@ -756,8 +767,8 @@ def visualize_attention(inputs: str, model: str, checkpoint: Optional[str], out_
 
     Per map, head and the heads' mean: ``out_dir/<name>_0.png`` (mmengine's local vis backend;
     the other ``vis_backends`` get them too) and with ``save_arrays`` ``out_dir/<name>_0.npz``
-    (``map``: float32 at the original image's size; ``mask``: the pixels ``threshold`` kept).
-    Everything is checked, and the first image's maps drawn, before anything is written.
+    (``AttentionPicture.arrays``). Everything is checked, and the first image's maps drawn,
+    before anything is written.
 
     Args:
         inputs (str): An image file or a folder of them.
@@ -767,18 +778,15 @@ def visualize_attention(inputs: str, model: str, checkpoint: Optional[str], out_
         patch, threshold, alpha: As ``AttentionDrawer.__call__`` takes them.
         save_arrays (bool): Also the ``.npz`` files. Default: False.
         vis_backends (Sequence[dict], optional): mmengine vis backend configs. Default: the
-            config's visualizer's (a config), none (a classifier); a local one into ``out_dir``
-            is always added.
+            config's (a config), none (a classifier); a local one into ``out_dir`` always.
 
     Returns:
-        list[str]: The files written (PNGs and ``.npz``).
+        list[str]: The files written (each PNG, then its ``.npz``).
 
     Raises:
-        VisualizationError: Bad input (an unreadable image, a block the model does not have,
-            an attention it does not compute: ``AttentionError``), in one line; nothing is
-            written then.
+        VisualizationError: Bad input (an unreadable image, a block the model has not, an
+            attention it does not compute), in one line; nothing is written then.
     """
-    from mmengine.visualization import Visualizer
     _check_threshold(threshold)
     check_alpha(alpha)
     files = list_images(inputs)
@@ -787,20 +795,13 @@ def visualize_attention(inputs: str, model: str, checkpoint: Optional[str], out_
                              cfg_options=cfg_options, device=device, log=log)
     if vis_backends is None and drawer.inferencer is not None:
         vis_backends = (drawer.inferencer.cfg.get('visualizer') or {}).get('vis_backends')
-    vis = Visualizer(name=f'attention_draw_{id(drawer)}')
     writer, written = None, []
     for path in files:
-        pictures = drawer(path, patch=patch, threshold=threshold, alpha=alpha, vis=vis)
+        pictures = drawer(path, patch=patch, threshold=threshold, alpha=alpha)
         writer = writer or build_writer(out_dir, vis_backends)  # the first image's maps drawn
         for p in pictures:
-            writer.add_image(p.name, p.image, step=0)
-            written.append(osp.join(out_dir, f'{p.name}_0.png'))
-            if save_arrays:
-                arrays = dict(map=p.array.astype(np.float32))
-                if p.mask is not None:
-                    arrays['mask'] = p.mask
-                np.savez(osp.join(out_dir, f'{p.name}_0.npz'), **arrays)
-                written.append(osp.join(out_dir, f'{p.name}_0.npz'))
+            written += write_picture(writer, out_dir, p.name, p.image,
+                                     p.arrays() if save_arrays else None)
     if writer is not None:
         writer.close()
     return written

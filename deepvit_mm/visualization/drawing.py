@@ -1,5 +1,6 @@
 """What the feature-map and the attention tools share: the images they read, a config's network
-input made of one, the labels they draw, and mmengine's ``Visualizer`` writing the pictures."""
+input made of one, the labels they draw, and mmengine's ``Visualizer`` writing the pictures (and
+their arrays beside them)."""
 import os
 import os.path as osp
 import time
@@ -8,7 +9,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ['VisualizationError', 'list_images', 'read_image', 'check_alpha', 'network_input',
-           'draw_label', 'build_writer']
+           'draw_label', 'build_writer', 'write_picture']
 
 # mmengine's / mmdet's image suffixes (a folder's images are the files that end in one)
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
@@ -107,3 +108,15 @@ def build_writer(out_dir: str, backends: Optional[Sequence[dict]] = None):
             b.update(save_dir=out_dir, img_save_dir='.')
     # a name of its own: mmengine returns an existing visualizer of the same name, unchanged
     return Visualizer(name=f'writer_{time.time_ns()}', vis_backends=cfgs, save_dir=out_dir)
+
+
+def write_picture(writer, out_dir: str, name: str, picture: np.ndarray,
+                  arrays: Optional[dict] = None) -> List[str]:
+    """``picture`` through the writer's backends (``out_dir/<name>_0.png``) and, where given,
+    ``arrays`` as ``out_dir/<name>_0.npz``; the files written."""
+    writer.add_image(name, picture, step=0)
+    files = [osp.join(out_dir, f'{name}_0.png')]
+    if arrays is not None:
+        files.append(osp.join(out_dir, f'{name}_0.npz'))
+        np.savez(files[-1], **arrays)
+    return files

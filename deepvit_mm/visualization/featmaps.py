@@ -30,6 +30,7 @@ from .drawing import (
     list_images,
     network_input,
     read_image,
+    write_picture,
 )
 
 __all__ = ['FeatmapExtractor', 'visualize_featmaps']
@@ -250,26 +251,34 @@ def draw_layer(visualizer, image_rgb: np.ndarray, layer: LayerFeatmaps, channel_
     return _arrange(pictures, 2)
 
 
-def save_layer_arrays(path: str, layer: LayerFeatmaps) -> None:
-    """A layer's maps as an ``.npz``: one float32 array a level, at the original image's size,
-    named ``stride_<s>`` (``stride_<sh>x<sw>`` where the axes differ; ``level_<i>_...`` where two
-    levels share a stride): ``(H, W)`` for one map, ``(k, H, W)`` for k channels; the channels
-    drawn beside it as ``<name>_channels``."""
+def layer_arrays(layer: LayerFeatmaps) -> Dict[str, np.ndarray]:
+    """A layer's maps as its ``.npz`` holds them: one float32 array a level, at the original
+    image's size, named ``stride_<s>`` (``stride_<sh>x<sw>`` where the axes differ;
+    ``level_<i>_...`` where two levels share a stride): ``(H, W)`` for one map, ``(k, H, W)`` for
+    k channels; the channels drawn beside it as ``<name>_channels``."""
     arrays, names = {}, [lvl.label.replace(' ', '_') for lvl in layer.levels]
     for i, (lvl, name) in enumerate(zip(layer.levels, names)):
-        if names.count(name) > 1:
-            name = f'level_{i}_{name}'
+        name = f'level_{i}_{name}' if names.count(name) > 1 else name
         maps = lvl.maps.numpy().astype(np.float32)
         arrays[name] = maps[0] if maps.shape[0] == 1 else maps
         if lvl.channels is not None:
             arrays[f'{name}_channels'] = np.asarray(lvl.channels, dtype=np.int64)
-    np.savez(path, **arrays)
+    return arrays
 
 
 def _check_reduction(channel_reduction: str) -> None:
     if channel_reduction not in CHANNEL_REDUCTIONS:
         raise VisualizationError(f'channel reduction {channel_reduction!r}: choose from '
                                  f'{", ".join(CHANNEL_REDUCTIONS)}')
+
+
+def _check_arrangement(arrangement: Sequence[int], channel_reduction: str, topk: int) -> None:
+    if len(arrangement) != 2 or min(arrangement) < 1:
+        raise VisualizationError(f'arrangement {tuple(arrangement)}: give rows and columns, '
+                                 'e.g. --arrangement 2 2')
+    if channel_reduction == 'none' and topk > arrangement[0] * arrangement[1]:
+        raise VisualizationError(f'--topk {topk} channels do not fit --arrangement '
+                                 f'{arrangement[0]} {arrangement[1]}: give rows x columns >= topk')
 
 
 def visualize_featmaps(inputs, config: str, checkpoint: str, out_dir: str, *,
@@ -282,16 +291,14 @@ def visualize_featmaps(inputs, config: str, checkpoint: str, out_dir: str, *,
     """Draw the feature maps of every image of ``inputs`` (``tools/analysis/featmap_vis.py``).
 
     For each image and layer, ``out_dir/<image stem>_<layer>_0.png`` (and the config's other
-    visualization backends) and, with ``save_arrays``, ``out_dir/<image stem>_<layer>_0.npz``
-    (``save_layer_arrays``). Everything is checked before anything is written: the images are
-    read, the layers found, the flags checked and the first image's maps computed first.
+    backends) and, with ``save_arrays``, its ``.npz`` (``layer_arrays``). Nothing is written
+    before the images are read, the layers found, the flags checked, the first maps computed.
 
     Args:
         inputs (str | Sequence[str]): Image files or folders of them.
         config, checkpoint, layers, device, cfg_options: As ``FeatmapExtractor`` takes them.
         out_dir (str): Where the pictures go.
-        channel_reduction (str): One of ``CHANNEL_REDUCTIONS``.
-        topk (int): ``'none'``: the channels drawn a level.
+        channel_reduction, topk: As ``FeatmapExtractor.__call__`` takes them.
         arrangement (tuple[int, int]): ``'none'``: rows and columns of a level's channels.
         alpha (float): The maps' weight over the image, in [0, 1].
         save_arrays (bool): Also write the ``.npz`` of each picture.
@@ -299,40 +306,28 @@ def visualize_featmaps(inputs, config: str, checkpoint: str, out_dir: str, *,
             device and cfg_options are then its own).
 
     Returns:
-        list[str]: The files written under ``out_dir`` (PNGs, then ``.npz`` where asked).
+        list[str]: The files written under ``out_dir`` (each PNG, then its ``.npz``).
 
     Raises:
-        VisualizationError: an image that cannot be read, a layer that does not exist, flags
-            that do not fit; nothing is written then.
+        VisualizationError: an unreadable image, a layer the model has not, flags that do not
+            fit; nothing is written then.
     """
     _check_reduction(channel_reduction)
-    rows, columns = arrangement if len(arrangement) == 2 else (0, 0)
-    if min(rows, columns) < 1:
-        raise VisualizationError(f'arrangement {tuple(arrangement)}: give rows and columns, '
-                                 'e.g. --arrangement 2 2')
-    if channel_reduction == 'none' and topk > rows * columns:
-        raise VisualizationError(f'--topk {topk} channels do not fit --arrangement '
-                                 f'{rows} {columns}: give rows x columns >= topk')
+    _check_arrangement(arrangement, channel_reduction, topk)
     check_alpha(alpha)
     files = list_images(inputs)
     extractor = extractor or FeatmapExtractor(config, checkpoint, layers, device, cfg_options)
+    backends = (extractor.cfg.get('visualizer') or {}).get('vis_backends')
     writer, written = None, []
     for path in files:
         image = read_image(path)
         result = extractor(image, channel_reduction, topk)
-        # the first image's maps are computed: now files may be written
-        writer = writer or build_writer(out_dir, (extractor.cfg.get('visualizer') or {}).get(
-            'vis_backends'))
-        rgb = np.ascontiguousarray(image[..., ::-1])
-        stem = osp.splitext(osp.basename(path))[0]
+        writer = writer or build_writer(out_dir, backends)  # the first image's maps computed
+        rgb, stem = np.ascontiguousarray(image[..., ::-1]), osp.splitext(osp.basename(path))[0]
         for layer in result:
-            name = f'{stem}_{layer.layer}'
-            writer.add_image(name, draw_layer(writer, rgb, layer, channel_reduction,
-                                              (rows, columns), alpha), step=0)
-            written.append(osp.join(out_dir, f'{name}_0.png'))
-            if save_arrays:
-                save_layer_arrays(osp.join(out_dir, f'{name}_0.npz'), layer)
-                written.append(osp.join(out_dir, f'{name}_0.npz'))
+            picture = draw_layer(writer, rgb, layer, channel_reduction, tuple(arrangement), alpha)
+            written += write_picture(writer, out_dir, f'{stem}_{layer.layer}', picture,
+                                     layer_arrays(layer) if save_arrays else None)
     if writer is not None:
         writer.close()
     return written

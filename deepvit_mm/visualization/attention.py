@@ -36,13 +36,13 @@ from timm.models import beit, cait, eva, vision_transformer, xcit
 from .align import align_to_image, valid_grid
 from .drawing import (
     VisualizationError,
-    build_writer,
     check_alpha,
     draw_label,
+    drawing_visualizer,
     list_images,
     network_input,
     read_image,
-    write_picture,
+    write_pictures,
 )
 
 __all__ = ['AttentionDrawer', 'attention_sites', 'attention_probs', 'attention_maps',
@@ -616,8 +616,6 @@ class AttentionDrawer:
                  classifier: Optional[str] = None, input_size: Optional[int] = None,
                  cfg_options: Optional[dict] = None, device: Optional[str] = None,
                  log: Callable[[str], None] = print) -> None:
-        from mmengine.visualization import Visualizer
-
         from ..apis import build_inferencer, default_device
         from ..checkpoints import require_complete_model
         if attention not in ('auto',) + ATTENTION_KINDS:
@@ -640,7 +638,7 @@ class AttentionDrawer:
             self._class_attention_elsewhere(model, classifier, log)
         self.kind = kind
         self.sites = _choose(attention_sites(self.model), kind, blocks, self.name)
-        self.vis = Visualizer(name=f'attention_draw_{id(self)}')  # draws, writes nothing
+        self.vis = drawing_visualizer()
 
     def _load_classifier(self, name: str, checkpoint: Optional[str], label: str) -> None:
         self.model, self.name = build_classifier(name, checkpoint)[0].to(self.device), label
@@ -795,13 +793,8 @@ def visualize_attention(inputs: str, model: str, checkpoint: Optional[str], out_
                              cfg_options=cfg_options, device=device, log=log)
     if vis_backends is None and drawer.inferencer is not None:
         vis_backends = (drawer.inferencer.cfg.get('visualizer') or {}).get('vis_backends')
-    writer, written = None, []
-    for path in files:
-        pictures = drawer(path, patch=patch, threshold=threshold, alpha=alpha)
-        writer = writer or build_writer(out_dir, vis_backends)  # the first image's maps drawn
-        for p in pictures:
-            written += write_picture(writer, out_dir, p.name, p.image,
-                                     p.arrays() if save_arrays else None)
-    if writer is not None:
-        writer.close()
-    return written
+
+    def pictures(path):
+        return [(p.name, p.image, p.arrays)
+                for p in drawer(path, patch=patch, threshold=threshold, alpha=alpha)]
+    return write_pictures(files, pictures, out_dir, vis_backends, save_arrays)

@@ -4,12 +4,12 @@ their arrays beside them)."""
 import os
 import os.path as osp
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 __all__ = ['VisualizationError', 'list_images', 'read_image', 'check_alpha', 'network_input',
-           'draw_label', 'build_writer', 'write_picture']
+           'draw_label', 'drawing_visualizer', 'write_pictures']
 
 # mmengine's / mmdet's image suffixes (a folder's images are the files that end in one)
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
@@ -92,11 +92,16 @@ def draw_label(vis, image: np.ndarray, text: str,
     return vis.get_image()
 
 
-def build_writer(out_dir: str, backends: Optional[Sequence[dict]] = None):
-    """mmengine's ``Visualizer`` writing to ``backends`` (vis backend configs, e.g. a config's
-    ``visualizer.vis_backends``): its local ones write the PNGs into ``out_dir``
-    (``<name>_0.png``), the others as they are configured (TensorBoard's event file under
-    ``out_dir/vis_data``); a local one is added where there is none."""
+def drawing_visualizer():
+    """An mmengine ``Visualizer`` of its own that draws and writes nothing."""
+    from mmengine.visualization import Visualizer
+    # a name of its own: mmengine returns an existing visualizer of the same name, unchanged
+    return Visualizer(name=f'draw_{time.time_ns()}')
+
+
+def _writer(out_dir: str, backends: Optional[Sequence[dict]]):
+    """mmengine's ``Visualizer`` writing to ``backends`` (vis backend configs), a local one into
+    ``out_dir`` added where there is none (TensorBoard's files go under ``out_dir/vis_data``)."""
     from mmengine.visualization import Visualizer
     cfgs = [dict(b) for b in backends or []]
     for b in cfgs:
@@ -106,17 +111,26 @@ def build_writer(out_dir: str, backends: Optional[Sequence[dict]] = None):
     for b in cfgs:
         if b['type'] == 'LocalVisBackend':
             b.update(save_dir=out_dir, img_save_dir='.')
-    # a name of its own: mmengine returns an existing visualizer of the same name, unchanged
     return Visualizer(name=f'writer_{time.time_ns()}', vis_backends=cfgs, save_dir=out_dir)
 
 
-def write_picture(writer, out_dir: str, name: str, picture: np.ndarray,
-                  arrays: Optional[dict] = None) -> List[str]:
-    """``picture`` through the writer's backends (``out_dir/<name>_0.png``) and, where given,
-    ``arrays`` as ``out_dir/<name>_0.npz``; the files written."""
-    writer.add_image(name, picture, step=0)
-    files = [osp.join(out_dir, f'{name}_0.png')]
-    if arrays is not None:
-        files.append(osp.join(out_dir, f'{name}_0.npz'))
-        np.savez(files[-1], **arrays)
-    return files
+def write_pictures(files: Sequence[str], pictures: Callable[[str], list], out_dir: str,
+                   backends: Optional[Sequence[dict]], save_arrays: bool) -> List[str]:
+    """Write the pictures of each image file, ``pictures(path)``: ``(name, picture, arrays)``,
+    as ``out_dir/<name>_0.png`` through ``backends`` (e.g. a config's
+    ``visualizer.vis_backends``; a local one into ``out_dir`` always) and, with ``save_arrays``,
+    ``arrays()`` as ``out_dir/<name>_0.npz``. Nothing is written before the first image's
+    pictures are drawn. Returns the files written (each PNG, then its ``.npz``)."""
+    writer, written = None, []
+    for path in files:
+        drawn = pictures(path)
+        writer = writer or _writer(out_dir, backends)
+        for name, picture, arrays in drawn:
+            writer.add_image(name, picture, step=0)
+            written.append(osp.join(out_dir, f'{name}_0.png'))
+            if save_arrays:
+                written.append(osp.join(out_dir, f'{name}_0.npz'))
+                np.savez(written[-1], **arrays())
+    if writer is not None:
+        writer.close()
+    return written

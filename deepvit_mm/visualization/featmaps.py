@@ -24,13 +24,13 @@ import torch
 from .align import align_to_image, valid_grid
 from .drawing import (
     VisualizationError,
-    build_writer,
     check_alpha,
     draw_label,
+    drawing_visualizer,
     list_images,
     network_input,
     read_image,
-    write_picture,
+    write_pictures,
 )
 
 __all__ = ['FeatmapExtractor', 'visualize_featmaps']
@@ -317,17 +317,14 @@ def visualize_featmaps(inputs, config: str, checkpoint: str, out_dir: str, *,
     check_alpha(alpha)
     files = list_images(inputs)
     extractor = extractor or FeatmapExtractor(config, checkpoint, layers, device, cfg_options)
-    backends = (extractor.cfg.get('visualizer') or {}).get('vis_backends')
-    writer, written = None, []
-    for path in files:
+    vis = drawing_visualizer()
+
+    def pictures(path):
         image = read_image(path)
-        result = extractor(image, channel_reduction, topk)
-        writer = writer or build_writer(out_dir, backends)  # the first image's maps computed
         rgb, stem = np.ascontiguousarray(image[..., ::-1]), osp.splitext(osp.basename(path))[0]
-        for layer in result:
-            picture = draw_layer(writer, rgb, layer, channel_reduction, tuple(arrangement), alpha)
-            written += write_picture(writer, out_dir, f'{stem}_{layer.layer}', picture,
-                                     layer_arrays(layer) if save_arrays else None)
-    if writer is not None:
-        writer.close()
-    return written
+        return [(f'{stem}_{layer.layer}', draw_layer(vis, rgb, layer, channel_reduction,
+                                                     tuple(arrangement), alpha),
+                 lambda layer=layer: layer_arrays(layer))
+                for layer in extractor(image, channel_reduction, topk)]
+    backends = (extractor.cfg.get('visualizer') or {}).get('vis_backends')
+    return write_pictures(files, pictures, out_dir, backends, save_arrays)

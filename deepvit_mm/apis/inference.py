@@ -1,7 +1,8 @@
 """What ``demo/image_demo.py`` calls to draw a model's predictions, as mmdet's and mmseg's demos do.
 
 A model of this repo's model zoo by name (``model_index``, ``resolve_model``), and mmdet's or
-mmseg's inferencer for a config (``build_inferencer``, ``run_inferencer``)."""
+mmseg's inferencer for a config (``build_inferencer``: how every tool builds a config's model,
+``run_inferencer``)."""
 import os.path as osp
 from typing import Optional, Tuple
 
@@ -12,7 +13,8 @@ from mmengine.config import Config
 from ..models.utils.consumers import check_model
 from .config import num_classes_of, read_config, task_of, task_registry
 
-__all__ = ['model_index', 'resolve_model', 'PALETTES', 'build_inferencer', 'run_inferencer']
+__all__ = ['resolve_model', 'PALETTES', 'default_device', 'build_inferencer',
+           'run_inferencer']
 
 
 def model_index() -> dict:
@@ -70,14 +72,19 @@ def resolve_model(model: str, weights: Optional[str] = None) -> Tuple[str, str]:
     return config, weights
 
 
+def default_device(device: Optional[str] = None) -> str:
+    """``device``, else the tools' default: ``'cuda:0'`` when available, else ``'cpu'``."""
+    return device or ('cuda:0' if torch.cuda.is_available() else 'cpu')
+
+
 # ``--palette`` names of mmdet's demo/image_demo.py ('none': the checkpoint's or dataset's)
 PALETTES = ('coco', 'voc', 'citys', 'random', 'none')
 
 
-def build_inferencer(config: str, weights: str, device: Optional[str] = None,
-                     palette: str = 'none'):
+def build_inferencer(config: str, weights: Optional[str], device: Optional[str] = None,
+                     palette: str = 'none', cfg_options: Optional[dict] = None):
     """mmdet's ``DetInferencer`` or mmseg's ``MMSegInferencer`` for a config (told apart by its
-    ``default_scope``), as ``demo/image_demo.py`` uses it.
+    ``default_scope``): how ``demo/image_demo.py`` and the visualization tools build a model.
 
     The weights are read by ``deepvit_mm.checkpoints`` (a local file, or an http(s) URL
     downloaded once to the torch hub cache). The class names drawn are the checkpoint's
@@ -90,14 +97,18 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None,
 
     Args:
         config (str): An mmdet or mmseg config file.
-        weights (str): A detector/segmentor checkpoint: a path or an http(s) URL.
-        device (str, optional): Default: ``'cuda:0'`` when available, else ``'cpu'``.
+        weights (str, optional): A detector/segmentor checkpoint: a path or an http(s) URL. None:
+            the model's initial weights (tests).
+        device (str, optional): Default: ``default_device()``.
         palette (str): The colours drawn, one of ``PALETTES``. Default: ``'none'``.
+        cfg_options (dict, optional): Overrides merged into the config (``--cfg-options``).
 
     Returns:
-        tuple: The inferencer and the task, ``'det'`` or ``'seg'``.
+        tuple: The inferencer (its ``cfg``: the config with ``cfg_options``; its visualizer
+        without the config's backends) and the task, ``'det'`` or ``'seg'``.
 
     Raises:
+        FileNotFoundError: no config file, or no checkpoint file.
         ChannelMismatchError: as ``build_from_config``.
     """
     from ..checkpoints import resolve_checkpoint
@@ -106,14 +117,19 @@ def build_inferencer(config: str, weights: str, device: Optional[str] = None,
     if palette not in PALETTES:
         raise ValueError(f'palette {palette!r}: choose from {", ".join(PALETTES)}')
     cfg = read_config(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
     task = task_of(cfg)
-    device = device or ('cuda:0' if torch.cuda.is_available() else 'cpu')
-    weights = resolve_checkpoint(weights)
+    weights = resolve_checkpoint(weights) if weights is not None else None
     if task == 'det':
         from mmdet.apis import DetInferencer as Inferencer
     else:
         from mmseg.apis import MMSegInferencer as Inferencer
-    inferencer = Inferencer(model=cfg, weights=weights, device=device)
+    built = cfg.copy()
+    if cfg.get('visualizer') is not None:  # its backends need a save_dir: they would only warn
+        built.visualizer = dict(cfg.visualizer, vis_backends=[])
+    inferencer = Inferencer(model=built, weights=weights, device=default_device(device))
+    inferencer.cfg = cfg  # the backends kept: the visualization tools write through them
     model = inferencer.model
     check_model(model)
     meta = _drawing_meta(model, cfg, task, palette)

@@ -1,4 +1,4 @@
-"""Attention maps of every family, computed from each attention module's own weights.
+"""Attention maps of every family, as timm's own attention modules compute them.
 
 What each family has to draw (Ali et al., XCiT, NeurIPS 2021, Fig. 4; Touvron et al., CaiT,
 ICCV 2021, Fig. 6; Caron et al., DINO, ICCV 2021, Fig. 1 and its ``visualize_attention.py``):
@@ -12,22 +12,16 @@ ICCV 2021, Fig. 6; Caron et al., DINO, ICCV 2021, Fig. 1 and its ``visualize_att
 * **XCiT's XCA blocks** attend over channels (cross-covariance, ``C/h x C/h`` per head): no map
   over the image; their feature maps are ``tools/analysis/featmap_vis.py``'s.
 
-The maps are computed here, whatever timm's fused-attention setting: forward pre-hooks keep what
-each chosen attention module receives (its block's input after the block's norm, and the
-arguments the block passes: EVA-02's rotary embedding, BEiT's shared relative position bias, a
-mask), and ``attention_probs`` recomputes ``softmax(q k^T * scale)`` from the module's own
-weights, with what the family adds: BEiT's relative position bias, EVA-02's rotary embedding,
-CaiT's talking heads (the weights applied to the values: mixed before and after the softmax),
-class attention's query of the class token alone. The forward stops once the last chosen module
-has its input. tests/visualization/test_attention.py holds every family to timm's own attention
-(fused attention off, ``timm.utils.AttentionExtract``).
-
-A map covers the input's patch grid, padding included; ``AttentionMap.aligned`` lays it over the
-original image with the rule the feature maps follow (``.align.align_to_image``: cropped to the
-cells that see the image, then resized).
+The weights are taken as ``timm.utils.AttentionExtract`` takes them: each chosen module's fused
+attention is switched off for the forward (and our CaiT backbones' query chunks), and a forward
+hook on its ``attn_drop`` keeps what that receives, the weights applied to the values, with all
+the family adds as timm adds it (BEiT's relative position bias, EVA-02's rotary embedding, CaiT's
+talking heads); the forward stops once the last chosen module has its weights. Written here is
+only what timm has not: the query's row over the patch grid (class attention's one query, the
+CLS token's, a patch's), DINO's top share of attention mass, and the map laid over the original
+image (``.align.align_to_image``: cropped to the cells that see the image, then resized).
 """
 import contextlib
-import logging
 import os.path as osp
 import re
 from dataclasses import dataclass, field
@@ -40,18 +34,26 @@ import torch.nn.functional as F
 from timm.models import beit, cait, eva, vision_transformer, xcit
 
 from .align import align_to_image, valid_grid
-from .featmaps import VisualizationError, list_images, read_image
+from .drawing import (
+    VisualizationError,
+    check_alpha,
+    draw_label,
+    drawing_visualizer,
+    list_images,
+    network_input,
+    read_image,
+    write_pictures,
+)
 
-__all__ = ['AttentionError', 'AttentionSite', 'AttentionMap', 'AttentionPicture',
-           'AttentionDrawer', 'ImageAttention', 'ATTENTION_KINDS', 'attention_sites', 'attention_probs',
-           'attention_maps', 'top_mass_mask', 'build_classifier', 'classifier_input',
+__all__ = ['AttentionDrawer', 'attention_sites', 'attention_probs', 'attention_maps',
            'visualize_attention']
 
 #: what ``attention_maps`` draws: ``class`` (class-attention layers), ``cls`` (the CLS token's
 #: row of a self-attention block), ``patch`` (a patch's row of a self-attention block)
 ATTENTION_KINDS = ('class', 'cls', 'patch')
-
 FEATMAP_TOOL = 'tools/analysis/featmap_vis.py'
+_SELF_ATTENTION = (vision_transformer.Attention, eva.EvaAttention, beit.Attention,
+                   cait.TalkingHeadAttn)
 
 
 class AttentionError(VisualizationError):
@@ -59,14 +61,20 @@ class AttentionError(VisualizationError):
     compute); its message is one line saying what to do instead."""
 
 
-# --------------------------------------------------------------------------------------------
-# the attention modules of a model
-# --------------------------------------------------------------------------------------------
-def _self_attention_types() -> tuple:
-    types = [vision_transformer.Attention, eva.EvaAttention, beit.Attention, cait.TalkingHeadAttn]
-    return tuple(dict.fromkeys(types))
+def _channel_attention() -> AttentionError:
+    return AttentionError(
+        "XCiT's XCA blocks attend over channels (cross-covariance, C/h x C/h per head), not over "
+        f'the image: draw their feature maps with {FEATMAP_TOOL}.')
 
 
+def _windowed(what: str, window_size: int) -> AttentionError:
+    return AttentionError(f'{what} attends within {window_size}x{window_size} windows, not over '
+                          'the image: choose a global block.')
+
+
+# --------------------------------------------------------------------------------------------
+# the attention modules of a model, and timm's weights of them
+# --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AttentionSite:
     """One attention module of a model.
@@ -105,7 +113,7 @@ def attention_sites(model: nn.Module) -> List[AttentionSite]:
             layers.append(AttentionSite(name, m, 'class', len(layers)))
         elif isinstance(m, xcit.XCA):
             blocks.append(AttentionSite(name, m, 'channel', len(blocks)))
-        elif isinstance(m, _self_attention_types()):
+        elif isinstance(m, _SELF_ATTENTION):
             # BEiT's `window_size` is its relative position grid, not a window: only the grid
             # attention of our backbones has windows
             ws = int(getattr(m, 'window_size', 0) or 0) if isinstance(m, GridAttention) else 0
@@ -113,59 +121,40 @@ def attention_sites(model: nn.Module) -> List[AttentionSite]:
     return blocks + layers
 
 
-# --------------------------------------------------------------------------------------------
-# softmax(q k^T * scale), from a module's own weights
-# --------------------------------------------------------------------------------------------
-def _heads(attn: nn.Module, t: torch.Tensor) -> torch.Tensor:
-    """``(B, N, h*d)`` -> ``(B, h, N, d)``."""
-    B, N, _ = t.shape
-    return t.reshape(B, N, attn.num_heads, -1).transpose(1, 2)
-
-
-def _fused_qk(attn: nn.Module, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """q and k ``(B, h, N, d)`` of a fused ``qkv`` Linear, with BEiT's and EVA-02's separate
-    query / key / value biases where the module has them."""
-    q_bias = getattr(attn, 'q_bias', None)
-    if q_bias is None:
-        qkv = attn.qkv(x)
-    else:  # BEiT, EVA-02: the key's bias is a zero buffer
-        bias = torch.cat((q_bias, attn.k_bias, attn.v_bias))
-        qkv = F.linear(x, attn.qkv.weight, bias) if attn.qkv.bias is None else attn.qkv(x) + bias
-    B, N, _ = x.shape
-    qkv = qkv.reshape(B, N, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
-    return qkv[0], qkv[1]
-
-
-def _softmax_rows(logits: torch.Tensor, bias: Optional[torch.Tensor],
-                  mask: Optional[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
-    """softmax over keys of ``logits`` ``(B, h, n, N)`` (query rows ``rows``), with an additive
-    ``bias`` and a mask (boolean: True attends; else added) given for every query row."""
-    for extra in (bias, mask):
-        if extra is None:
-            continue
-        if extra.dim() >= 2 and extra.shape[-2] > 1:
-            extra = extra.index_select(-2, rows)
-        if extra.dtype == torch.bool:
-            logits = logits.masked_fill(~extra, float('-inf'))
-        else:
-            logits = logits + extra
-    return logits.softmax(dim=-1)
+@contextlib.contextmanager
+def _timm_weights(modules: Dict[str, nn.Module], keep: Callable[[str, torch.Tensor], None]):
+    """Inside the block, each forward of a module of ``modules`` calls ``keep(name, weights)``
+    with the weights timm's attention applies to its values (``AttentionExtract``'s hook on
+    ``attn_drop``), fused attention and query chunks off; both restored after."""
+    saved = [(m, k, getattr(m, k)) for m in modules.values() for k in ('fused_attn', 'query_chunk')
+             if hasattr(m, k)]
+    for m, k, _ in saved:
+        setattr(m, k, False if k == 'fused_attn' else None)
+    hooks = [m.attn_drop.register_forward_hook(lambda mod, args, out, n=n: keep(n, out.detach()))
+             for n, m in modules.items()]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, k, v in saved:
+            setattr(m, k, v)
 
 
 def attention_probs(attn: nn.Module, x: torch.Tensor, queries: Optional[Sequence[int]] = None,
                     **kwargs) -> torch.Tensor:
-    """The attention weights ``attn`` applies to its values, recomputed from its weights.
+    """The attention weights ``attn`` applies to its values, from one forward of it as timm
+    computes them (fused attention off).
 
     Args:
-        attn (nn.Module): timm's ``vision_transformer.Attention`` (ViT, DeiT III, DINOv2, and our
-            windowed ViT), ``eva.EvaAttention``, ``beit.Attention``, ``cait.TalkingHeadAttn``
-            (and our grid version) or ``cait.ClassAttn`` (XCiT's and CaiT's class attention).
-        x (Tensor): What the module received: ``(B, N, C)`` tokens, or our backbones' ``(B, H, W,
-            C)`` grid of a global block.
-        queries (Sequence[int], optional): The query rows to compute (each row's softmax is its
-            own: talking heads mix heads cell by cell). Default: every row (class attention: its
-            one row).
-        kwargs: What the block passed besides ``x``: ``rope`` (EVA-02), ``shared_rel_pos_bias``
+        attn (nn.Module): An attention module of ``attention_sites`` but XCiT's XCA: timm's ViT
+            (DeiT III, DINOv2), EVA-02, BEiT, talking-heads (CaiT) and class attention (XCiT,
+            CaiT), and our backbones' grid versions.
+        x (Tensor): What the module receives: ``(B, N, C)`` tokens, or our backbones' ``(B, H, W,
+            C)`` grid.
+        queries (Sequence[int], optional): The query rows kept. Default: every row (class
+            attention: its one row).
+        kwargs: What the block passes besides ``x``: ``rope`` (EVA-02), ``shared_rel_pos_bias``
             (BEiT), ``attn_mask``.
 
     Returns:
@@ -173,64 +162,16 @@ def attention_probs(attn: nn.Module, x: torch.Tensor, queries: Optional[Sequence
         self-attention (talking heads mix the heads again after the softmax).
 
     Raises:
-        AttentionError: XCiT's XCA (channel attention), a windowed block, or a module of another
-            kind.
+        AttentionError: XCiT's XCA (channel attention), or a block attending within windows.
     """
     if isinstance(attn, xcit.XCA):
-        raise AttentionError(
-            "XCiT's XCA blocks attend over channels (cross-covariance, C/h x C/h per head), not "
-            f'over the image: draw their feature maps with {FEATMAP_TOOL}.')
-    if x.dim() == 4:  # our backbones' token grid
-        ws = getattr(attn, 'window_size', 0)
-        if ws and (x.shape[1] > ws or x.shape[2] > ws):
-            raise AttentionError(f'this block attends within {ws}x{ws} windows, not over the '
-                                 'image: choose a global block.')
-        x = x.flatten(1, 2)
-    x = x.float()
-    B, N, _ = x.shape
-    if isinstance(attn, cait.ClassAttn):  # the class token (row 0) is the only query
-        q = _heads(attn, attn.q(x[:, :1]))
-        k = _heads(attn, attn.k(x))
-        return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-    rows = torch.arange(N, device=x.device) if queries is None else \
-        torch.as_tensor(list(queries), dtype=torch.long, device=x.device)
-    if isinstance(attn, cait.TalkingHeadAttn):
-        q, k = _fused_qk(attn, x)
-        a = (q.index_select(2, rows) * attn.scale) @ k.transpose(-2, -1)
-        a = attn.proj_l(a.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).softmax(dim=-1)
-        return attn.proj_w(a.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-    if isinstance(attn, eva.EvaAttention):
-        if attn.qkv is not None:
-            q, k = _fused_qk(attn, x)
-        else:
-            q, k = _heads(attn, attn.q_proj(x)), _heads(attn, attn.k_proj(x))
-        q, k = attn.q_norm(q), attn.k_norm(k)
-        rope = kwargs.get('rope')
-        if rope is not None:
-            from timm.layers import apply_rot_embed_cat
-            npt = attn.num_prefix_tokens
-            half = dict(half=True) if getattr(attn, 'rotate_half', False) else {}
-            q = torch.cat([q[:, :, :npt], apply_rot_embed_cat(q[:, :, npt:], rope, **half)], 2)
-            k = torch.cat([k[:, :, :npt], apply_rot_embed_cat(k[:, :, npt:], rope, **half)], 2)
-        logits = (q.index_select(2, rows) * attn.scale) @ k.transpose(-2, -1)
-        return _softmax_rows(logits, None, kwargs.get('attn_mask'), rows)
-    if isinstance(attn, beit.Attention):
-        q, k = _fused_qk(attn, x)
-        bias = kwargs.get('shared_rel_pos_bias')
-        if attn.relative_position_bias_table is not None:
-            # timm's own lookup of the module's table (its index buffer over the grid it was
-            # built for)
-            own = attn._get_rel_pos_bias()
-            bias = own if bias is None else own + bias
-        logits = (q.index_select(2, rows) * attn.scale) @ k.transpose(-2, -1)
-        return _softmax_rows(logits, bias, None, rows)
-    if isinstance(attn, vision_transformer.Attention):
-        q, k = _fused_qk(attn, x)
-        q, k = attn.q_norm(q), attn.k_norm(k)
-        logits = (q.index_select(2, rows) * attn.scale) @ k.transpose(-2, -1)
-        return _softmax_rows(logits, None, kwargs.get('attn_mask'), rows)
-    raise AttentionError(f'{type(attn).__name__} is not an attention this tool computes (ViT, '
-                         'DeiT III, DINOv2, EVA-02, BEiT, CaiT and XCiT class attention are).')
+        raise _channel_attention()
+    got = []
+    with torch.no_grad(), _timm_weights({'': attn}, lambda name, w: got.append(w)):
+        attn(x, **kwargs)
+    if got[0].shape[0] != x.shape[0]:  # a batch of windows
+        raise _windowed('this block', getattr(attn, 'window_size', 0))
+    return (got[0] if queries is None else got[0][:, :, list(queries)]).float()
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,14 +212,8 @@ class AttentionMap:
 
     def aligned(self, img_shape: Sequence[int], ori_shape: Sequence[int],
                 mode: str = 'bilinear') -> Dict[str, np.ndarray]:
-        """``maps()`` at the original image's size (``align_to_image``: cropped to the cells that
-        see the image, then resized).
-
-        Args:
-            img_shape (Sequence[int]): The image's ``(H, W)`` in input pixels, before padding.
-            ori_shape (Sequence[int]): The original image's ``(H, W)``.
-            mode (str): ``torch.nn.functional.interpolate``'s mode. Default: ``'bilinear'``.
-        """
+        """``maps()`` at the original image's size (``align_to_image``), from the image's
+        ``img_shape`` in input pixels before padding; ``mode``: ``F.interpolate``'s."""
         maps = self.maps()
         stack = align_to_image(torch.stack(list(maps.values())), img_shape, self.pad_shape,
                                ori_shape, mode=mode)
@@ -303,9 +238,7 @@ def top_mass_mask(maps: torch.Tensor, share: float,
     Raises:
         AttentionError: ``share`` outside (0, 1], or a map with negative values.
     """
-    if not 0 < share <= 1:
-        raise AttentionError(f'--threshold {share}: give the share of attention mass to keep, '
-                             'in (0, 1], e.g. 0.6.')
+    _check_threshold(share)
     if (maps < 0).any():
         raise AttentionError('--threshold keeps a share of attention mass, and these maps have '
                              'negative weights (CaiT\'s talking heads mix the heads after the '
@@ -322,8 +255,14 @@ def top_mass_mask(maps: torch.Tensor, share: float,
     return keep.reshape(maps.shape) & inside
 
 
+def _check_threshold(share: Optional[float]) -> None:
+    if share is not None and not 0 < share <= 1:
+        raise AttentionError(f'--threshold {share}: give the share of attention mass to keep, '
+                             'in (0, 1], e.g. 0.6.')
+
+
 class _Captured(Exception):
-    """Raised by the last hook once every chosen module has its input: the rest of the forward
+    """Raised by the last hook once every chosen module has its weights: the rest of the forward
     is not needed."""
 
 
@@ -352,6 +291,33 @@ def _patch_embed(model: nn.Module) -> nn.Module:
                          'vision transformer this tool knows.')
 
 
+def _query_map(site: AttentionSite, weights: torch.Tensor, query: str,
+               cell: Optional[Tuple[int, int]], grid: dict) -> AttentionMap:
+    """The query's row of a site's weights ``(B, heads, n, N)``, over the patch grid ``grid``
+    (``hw``, ``batch``, ``patch``: what the patch embedding made)."""
+    if weights.shape[0] != grid['batch']:  # a batch of windows
+        raise _windowed(f'block {site.index}', site.window_size)
+    (gh, gw), n_tokens = grid['hw'], weights.shape[-1]
+    prefix = n_tokens - gh * gw  # class, register, distillation tokens before the patches
+    if prefix < 0:
+        raise AttentionError(f'{site.name} attends over {n_tokens} tokens, fewer than the '
+                             f'{gh}x{gw} patches.')
+    if site.kind == 'class':  # the class token, the only query
+        row, label, tag = 0, f'class-attention layer {site.index}', f'class_attn{site.index}'
+    elif query == 'cls':
+        if prefix == 0:
+            raise AttentionError(f'block {site.index} has no class token (a dense trunk with '
+                                 'windows drops it, CaiT\'s trunk has none): use --attention '
+                                 'patch.')
+        row, label, tag = 0, f'block {site.index}, CLS token', f'block{site.index}_cls'
+    else:
+        r, c = cell
+        row, label, tag = (prefix + r * gw + c, f'block {site.index}, patch (row {r}, col {c})',
+                           f'block{site.index}_patch_r{r}c{c}')
+    heads = weights[0, :, row, prefix:].float().reshape(-1, gh, gw).cpu()
+    return AttentionMap(site, label, tag, heads, grid['patch'])
+
+
 def attention_maps(model: nn.Module, run: Callable[[], Any], sites: Sequence[AttentionSite],
                    query: str, cell: Optional[Tuple[int, int]] = None) -> List[AttentionMap]:
     """Run ``run()`` (a forward of ``model``) and return the maps of ``sites`` for ``query``.
@@ -366,70 +332,46 @@ def attention_maps(model: nn.Module, run: Callable[[], Any], sites: Sequence[Att
 
     Returns:
         list[AttentionMap]: One per site, in ``sites``' order.
+
+    Raises:
+        AttentionError: XCiT's XCA or a windowed block among ``sites``, a query a site cannot
+            answer, a forward that does not reach them.
     """
     if query not in ATTENTION_KINDS:
         raise AttentionError(f'attention {query!r}: choose one of {", ".join(ATTENTION_KINDS)}.')
-    captured: Dict[str, Tuple[torch.Tensor, dict]] = {}
+    if any(s.kind == 'channel' for s in sites):
+        raise _channel_attention()
+    embed, by_name = _patch_embed(model), {s.name: s for s in sites}
     grid: Dict[str, Any] = {}
-    embed = _patch_embed(model)
-    names = [s.name for s in sites]
-
-    def keep(name, module, args, kwargs):
-        captured[name] = (args[0].detach(), {k: v for k, v in kwargs.items()
-                                             if torch.is_tensor(v)})
-        if len(captured) == len(names):
-            raise _Captured
+    maps: Dict[str, AttentionMap] = {}
 
     def keep_grid(module, args, output):
-        grid['hw'] = _grid_of(module, args, output)
+        grid.update(hw=_grid_of(module, args, output), batch=args[0].shape[0],
+                    patch=_pair(module.patch_size))
 
-    hooks = [embed.register_forward_hook(keep_grid)]
-    hooks += [s.module.register_forward_pre_hook(
-        lambda m, a, k, n=s.name: keep(n, m, a, k), with_kwargs=True) for s in sites]
+    def keep(name, weights):
+        if 'hw' in grid and name not in maps:
+            maps[name] = _query_map(by_name[name], weights, query, cell, grid)
+        if len(maps) == len(by_name):
+            raise _Captured
+
+    handle = embed.register_forward_hook(keep_grid)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _timm_weights({s.name: s.module for s in sites}, keep):
             run()
     except _Captured:
         pass
     finally:
-        for h in hooks:
-            h.remove()
-    missing = [n for n in names if n not in captured]
-    if missing or 'hw' not in grid:
-        raise AttentionError(f'the forward did not reach {", ".join(missing) or "the patch embedding"}.')
-    gh, gw = grid['hw']
-    patch = _pair(embed.patch_size)
-    out = []
-    for site in sites:
-        x, kwargs = captured[site.name]
-        n_tokens = x.shape[1] * x.shape[2] if x.dim() == 4 else x.shape[1]
-        prefix = n_tokens - gh * gw  # class, register, distillation tokens before the patches
-        if prefix < 0:
-            raise AttentionError(f'{site.name} attends over {n_tokens} tokens, fewer than the '
-                                 f'{gh}x{gw} patches.')
-        if site.kind == 'class':
-            rows, label, tag = None, f'class-attention layer {site.index}', \
-                f'class_attn{site.index}'
-        elif query == 'cls':
-            if prefix == 0:
-                raise AttentionError(f'block {site.index} has no class token (a dense trunk with '
-                                     'windows drops it, CaiT\'s trunk has none): use --attention '
-                                     'patch.')
-            rows, label, tag = [0], f'block {site.index}, CLS token', f'block{site.index}_cls'
-        else:
-            r, c = cell
-            rows = [prefix + r * gw + c]
-            label, tag = (f'block {site.index}, patch (row {r}, col {c})',
-                          f'block{site.index}_patch_r{r}c{c}')
-        with torch.no_grad():
-            probs = attention_probs(site.module, x, rows, **kwargs)[0, :, 0, prefix:]
-        out.append(AttentionMap(site=site, label=label, tag=tag,
-                                heads=probs.reshape(-1, gh, gw).float().cpu(), patch_size=patch))
-    return out
+        handle.remove()
+    missing = [n for n in by_name if n not in maps]
+    if missing:
+        raise AttentionError(f'the forward did not reach {", ".join(missing)} after the patch '
+                             'embedding.')
+    return [maps[s.name] for s in sites]
 
 
 # --------------------------------------------------------------------------------------------
-# classifiers: timm names and checkpoints, through deepvit_mm's loader
+# classifiers: timm's, with weights from a file
 # --------------------------------------------------------------------------------------------
 # timm modules whose models take any input size when built with dynamic_img_size
 _DYNAMIC = ('vision_transformer', 'deit', 'eva')
@@ -437,15 +379,16 @@ _DYNAMIC = ('vision_transformer', 'deit', 'eva')
 
 def build_classifier(name: str, checkpoint: Optional[str] = None,
                      **kwargs) -> Tuple[nn.Module, str]:
-    """A timm classifier with its classification weights, read through deepvit_mm's loader.
+    """A timm classifier with its classification weights: ``timm.create_model`` with the
+    checkpoint as its pretrained weights (timm's ``checkpoint_filter_fn`` converts the official
+    XCiT/CaiT/DeiT layouts and resolutions; the load is strict).
 
     Args:
         name (str): timm's model name (``xcit_small_12_p8_224``; a pretrained tag such as
             ``.fb_in1k`` picks those weights on the hub).
-        checkpoint (str, optional): Its weights: a path, URL or ``hf-hub:`` name
-            (``deepvit_mm.checkpoints.read_checkpoint``; official XCiT/CaiT/DeiT layouts are
-            converted by timm's ``checkpoint_filter_fn``). Default: timm's pretrained weights
-            of ``name`` on the Hugging Face hub.
+        checkpoint (str, optional): Its weights: a path, URL or ``hf-hub:`` name, read by
+            ``deepvit_mm.checkpoints.read_checkpoint`` (no code run from a pickle). Default:
+            timm's pretrained weights of ``name`` on the Hugging Face hub.
         kwargs: More arguments of the timm model (tests build small ones: ``depth=2``).
 
     Returns:
@@ -454,50 +397,48 @@ def build_classifier(name: str, checkpoint: Optional[str] = None,
     Raises:
         AttentionError: an unknown name, no weights for it, or weights that do not fit it.
     """
-    import importlib
-
     import timm
-    from timm.models import is_model_in_modules
 
-    from ..checkpoints import (
-        CheckpointError,
-        extract_state_dict,
-        load_weights,
-        plan_load,
-        read_checkpoint,
-    )
+    from ..checkpoints import CheckpointError, extract_state_dict, read_checkpoint
     base = name.split('.')[0]
     if not timm.is_model(base):
         import difflib
         close = difflib.get_close_matches(base, timm.list_models(), n=1)
         raise AttentionError(f'{name!r} is neither a config file (.py) nor a timm model name'
                              + (f'; did you mean {close[0]!r}?' if close else '.'))
-    if is_model_in_modules(base, _DYNAMIC) and 'dynamic_img_size' not in kwargs:
-        kwargs = dict(kwargs, dynamic_img_size=True)  # any input size
-    model = timm.create_model(name, pretrained=False, **kwargs)
+    if timm.models.is_model_in_modules(base, _DYNAMIC):
+        kwargs.setdefault('dynamic_img_size', True)  # any input size
     if checkpoint is None:
-        hub = model.pretrained_cfg.get('hf_hub_id')
+        hub = timm.models.get_pretrained_cfg(name).hf_hub_id
         if not hub:
             raise AttentionError(f'timm has no hub weights for {name!r}: give its checkpoint.')
         checkpoint = 'hf-hub:' + hub
     try:
         sd = extract_state_dict(read_checkpoint(checkpoint))
-        timm_module = importlib.import_module(type(model).__module__)
-        filter_fn = getattr(timm_module, 'checkpoint_filter_fn', None)
-        if filter_fn is not None:  # official layouts, another resolution
-            sd = filter_fn(sd, model)
-        report = plan_load(model, sd, source=str(checkpoint)).report
-    except (CheckpointError, OSError, RuntimeError, KeyError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AttentionError(f'{checkpoint}: {first}') from None
-    left = [k for k in report.left_at_init if not k.endswith('num_batches_tracked')]
-    if left or report.skipped:
-        raise AttentionError(
-            f'{checkpoint} does not fit {base}: {len(left)} of the model\'s tensors are not in it '
-            f'({", ".join(left[:3])}{", ..." if len(left) > 3 else ""}), {len(report.skipped)} '
-            'of its tensors are not in the model; give the timm name it was trained as.')
-    load_weights(model, sd, source=str(checkpoint), strict=True, log=False)
+        model = timm.create_model(name, pretrained=True,
+                                  pretrained_cfg_overlay=dict(state_dict=sd), **kwargs)
+    except (CheckpointError, OSError, KeyError) as e:
+        raise AttentionError(f'{checkpoint}: {_first_line(e)}') from None
+    except (RuntimeError, ValueError) as e:  # timm's strict load: torch names the keys
+        raise AttentionError(_misfit(checkpoint, base, e)) from None
     return model.eval(), str(checkpoint)
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _misfit(checkpoint: str, base: str, e: BaseException) -> str:
+    """One line for a checkpoint whose strict load failed, from torch's message."""
+    lines = [x.strip() for x in str(e).splitlines()]
+    missing, unexpected = (re.findall(r'"([^"]+)"', next((x for x in lines if x.startswith(w)), ''))
+                           for w in ('Missing key', 'Unexpected key'))
+    if not (missing or unexpected):  # e.g. a size mismatch: torch's first
+        return f'{checkpoint} does not fit {base}: {next((x for x in lines[1:] if x), lines[0])}'
+    return (f'{checkpoint} does not fit {base}: {len(missing)} of the model\'s tensors are not in '
+            f'it ({", ".join(missing[:3])}{", ..." if len(missing) > 3 else ""}), '
+            f'{len(unexpected)} of its tensors are not in the model; give the timm name it was '
+            'trained as.')
 
 
 def classifier_input(model: nn.Module, image: np.ndarray,
@@ -520,10 +461,9 @@ def classifier_input(model: nn.Module, image: np.ndarray,
     cfg = resolve_data_config({}, model=model)
     embed = _patch_embed(model)
     h, w = image.shape[:2]
+    fixed = None
     if getattr(model, 'dynamic_img_size', False) or isinstance(model, xcit.Xcit):
-        fixed = None
-        size = int(input_size or cfg['input_size'][-1])
-        scale = size / max(h, w)
+        scale = int(input_size or cfg['input_size'][-1]) / max(h, w)
     else:  # one grid (CaiT, BEiT): the image fits in it
         fixed = _pair(embed.img_size)
         if input_size is not None and input_size > min(fixed):
@@ -532,13 +472,12 @@ def classifier_input(model: nn.Module, image: np.ndarray,
                                  f'{min(fixed)}.')
         scale = min(fixed[0] / h, fixed[1] / w, (input_size or max(fixed)) / max(h, w))
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float() / 255
     if fixed:  # rounding must not push a side past the grid
         nh, nw = min(nh, fixed[0]), min(nw, fixed[1])
+    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float() / 255
     x = F.interpolate(x, size=(nh, nw), mode='bicubic', align_corners=False, antialias=True)
-    mean = torch.tensor(cfg['mean']).view(1, 3, 1, 1)
-    std = torch.tensor(cfg['std']).view(1, 3, 1, 1)
-    x = (x.clamp(0, 1) - mean) / std
+    x = (x.clamp(0, 1) - torch.tensor(cfg['mean']).view(1, 3, 1, 1)) / \
+        torch.tensor(cfg['std']).view(1, 3, 1, 1)
     p = _pair(embed.patch_size)
     ph, pw = fixed or (-(-nh // p[0]) * p[0], -(-nw // p[1]) * p[1])
     return F.pad(x, (0, pw - nw, 0, ph - nh)), (nh, nw)
@@ -563,75 +502,12 @@ class AttentionPicture:
     array: np.ndarray
     mask: Optional[np.ndarray] = None
 
-
-def _parse_patch(patch: Optional[str], ori_shape: Tuple[int, int]) -> Tuple[float, float]:
-    """``'x,y'`` in image pixels (default: the image's centre)."""
-    h, w = ori_shape
-    if patch is None:
-        return (w - 1) / 2, (h - 1) / 2
-    m = re.fullmatch(r'\s*(\d+(?:\.\d*)?)\s*,\s*(\d+(?:\.\d*)?)\s*', str(patch))
-    if not m:
-        raise AttentionError(f'--patch {patch!r}: give x,y in image pixels, e.g. --patch '
-                             f'{w // 2},{h // 2}.')
-    x, y = float(m.group(1)), float(m.group(2))
-    if not (x < w and y < h):
-        raise AttentionError(f'--patch {patch}: outside the {w}x{h} image (give x < {w}, '
-                             f'y < {h}).')
-    return x, y
-
-
-def _pick(sites: List[AttentionSite], i: int, model_name: str, what: str) -> AttentionSite:
-    n = len(sites)
-    if not -n <= i < n:
-        raise AttentionError(f'{model_name} has no {what} {i}: its {what}s are 0-{n - 1}.')
-    return sites[i]
-
-
-def _choose(sites: List[AttentionSite], kind: str, blocks: Optional[Sequence[int]],
-            model_name: str) -> List[AttentionSite]:
-    """The sites of the request, or an AttentionError saying what the model has instead."""
-    if kind == 'class':
-        layers = [s for s in sites if s.kind == 'class']
-        if blocks is None:
-            return layers
-        return [_pick(layers, i, model_name, 'class-attention layer') for i in blocks]
-    trunk = [s for s in sites if s.kind != 'class']
-    if not trunk:
-        raise AttentionError(f'{model_name} has no self-attention blocks.')
-    if all(s.kind == 'channel' for s in trunk):
-        raise AttentionError(
-            f"{model_name}: XCiT's blocks attend over channels (cross-covariance), not over the "
-            f'image: draw its feature maps with {FEATMAP_TOOL}, or its class attention '
-            '(--attention class, from the classification weights).')
-    global_ = [s.index for s in trunk if not s.window_size]
-    out = []
-    for i in ([global_[-1]] if blocks is None else blocks):
-        site = _pick(trunk, i, model_name, 'block')
-        if site.window_size:
-            raise AttentionError(
-                f'{model_name}: block {site.index} attends within {site.window_size}x'
-                f'{site.window_size} windows, not over the image; its global blocks are '
-                f'{", ".join(map(str, global_))}.')
-        out.append(site)
-    return out
-
-
-@contextlib.contextmanager
-def _quiet_log():
-    """mmengine's current logger at WARNING inside the block."""
-    from mmengine.logging import MMLogger
-    logger = MMLogger.get_current_instance()
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def _is_path(s: str) -> bool:
-    return osp.exists(s) or s.startswith(('http://', 'https://', 'hf-hub:')) or \
-        s.endswith(('.pth', '.pt', '.bin', '.safetensors'))
+    def arrays(self) -> Dict[str, np.ndarray]:
+        """What its ``.npz`` holds: ``map`` (float32) and, for a threshold, ``mask``."""
+        out = dict(map=self.array.astype(np.float32))
+        if self.mask is not None:
+            out['mask'] = self.mask
+        return out
 
 
 @dataclass
@@ -654,15 +530,69 @@ class ImageAttention:
     xy: Optional[Tuple[float, float]] = None
 
 
+def _parse_patch(patch: Optional[str], ori_shape: Tuple[int, int]) -> Tuple[float, float]:
+    """``'x,y'`` in image pixels (default: the image's centre)."""
+    h, w = ori_shape
+    if patch is None:
+        return (w - 1) / 2, (h - 1) / 2
+    m = re.fullmatch(r'\s*(\d+(?:\.\d*)?)\s*,\s*(\d+(?:\.\d*)?)\s*', str(patch))
+    if not m:
+        raise AttentionError(f'--patch {patch!r}: give x,y in image pixels, e.g. --patch '
+                             f'{w // 2},{h // 2}.')
+    x, y = float(m.group(1)), float(m.group(2))
+    if not (x < w and y < h):
+        raise AttentionError(f'--patch {patch}: outside the {w}x{h} image (give x < {w}, '
+                             f'y < {h}).')
+    return x, y
+
+
+def _pick(sites: List[AttentionSite], i: int, model_name: str, what: str) -> AttentionSite:
+    if not -len(sites) <= i < len(sites):
+        raise AttentionError(f'{model_name} has no {what} {i}: its {what}s are 0-{len(sites) - 1}.')
+    return sites[i]
+
+
+def _choose(sites: List[AttentionSite], kind: str, blocks: Optional[Sequence[int]],
+            model_name: str) -> List[AttentionSite]:
+    """The sites of the request, or an AttentionError saying what the model has instead."""
+    if kind == 'class':
+        layers = [s for s in sites if s.kind == 'class']
+        return layers if blocks is None else \
+            [_pick(layers, i, model_name, 'class-attention layer') for i in blocks]
+    trunk = [s for s in sites if s.kind != 'class']
+    if not trunk:
+        raise AttentionError(f'{model_name} has no self-attention blocks.')
+    if all(s.kind == 'channel' for s in trunk):
+        raise AttentionError(
+            f"{model_name}: XCiT's blocks attend over channels (cross-covariance), not over the "
+            f'image: draw its feature maps with {FEATMAP_TOOL}, or its class attention '
+            '(--attention class, from the classification weights).')
+    global_ = [s.index for s in trunk if not s.window_size]
+    chosen = [_pick(trunk, i, model_name, 'block') for i in
+              ([global_[-1]] if blocks is None else blocks)]
+    for site in chosen:
+        if site.window_size:
+            raise AttentionError(
+                f'{model_name}: block {site.index} attends within {site.window_size}x'
+                f'{site.window_size} windows, not over the image; its global blocks are '
+                f'{", ".join(map(str, global_))}.')
+    return chosen
+
+
+def _is_path(s: str) -> bool:
+    return osp.exists(s) or s.startswith(('http://', 'https://', 'hf-hub:')) or \
+        s.endswith(('.pth', '.pt', '.bin', '.safetensors'))
+
+
 class AttentionDrawer:
     """A model and the attention asked of it, checked before any image is read.
 
     Args:
         model (str): A detector's or segmentor's config file (``.py``), or a timm classifier's
             name (``xcit_small_12_p8_224``, ``vit_small_patch14_dinov2.lvd142m``).
-        checkpoint (str, optional): The config's weights (required with a config), or the
-            classifier's (default: timm's pretrained weights of the name on the hub), read by
-            ``deepvit_mm.checkpoints``.
+        checkpoint (str, optional): The config's trained weights (required with a config; a
+            checkpoint leaving any of the model at init is refused), or the classifier's
+            (``build_classifier``).
         attention (str): ``'class'``, ``'cls'``, ``'patch'``, or ``'auto'``: class attention
             for a classifier that has it (XCiT, CaiT), else the CLS token's; a patch's for a
             config. Default: ``'auto'``.
@@ -674,7 +604,7 @@ class AttentionDrawer:
         input_size (int, optional): A classifier's input: the image's longer side
             (``classifier_input``).
         cfg_options (dict, optional): Overrides of the config.
-        device (str, optional): Default: ``'cuda:0'`` when available, else ``'cpu'``.
+        device (str, optional): Default: ``deepvit_mm.apis.default_device()``.
         log (callable): Where the one-line notes go. Default: ``print``.
 
     Raises:
@@ -686,61 +616,36 @@ class AttentionDrawer:
                  classifier: Optional[str] = None, input_size: Optional[int] = None,
                  cfg_options: Optional[dict] = None, device: Optional[str] = None,
                  log: Callable[[str], None] = print) -> None:
+        from ..apis import build_inferencer, default_device
+        from ..checkpoints import require_complete_model
         if attention not in ('auto',) + ATTENTION_KINDS:
             raise AttentionError(f'--attention {attention!r}: choose auto or one of '
                                  f'{", ".join(ATTENTION_KINDS)}.')
-        self.device = torch.device(device or ('cuda:0' if torch.cuda.is_available() else 'cpu'))
-        self.input_size = input_size
-        self.cfg = None
+        self.device, self.input_size, self.inferencer = default_device(device), input_size, None
         if model.endswith('.py'):
             if checkpoint is None:
                 raise AttentionError(f'{model} is a config: give its trained checkpoint too.')
-            self._load_dense(model, checkpoint, cfg_options)
+            with require_complete_model():  # a backbone-only one would be drawn as the model's
+                self.inferencer, _ = build_inferencer(model, checkpoint, self.device,
+                                                      cfg_options=cfg_options)
+            self.model, self.name = self.inferencer.model, osp.splitext(osp.basename(model))[0]
             kind = 'patch' if attention == 'auto' else attention
         else:
-            self._load_classifier(model, checkpoint, '{name}')
+            self._load_classifier(model, checkpoint, model)
             has_class = any(s.kind == 'class' for s in attention_sites(self.model))
             kind = attention if attention != 'auto' else ('class' if has_class else 'cls')
         if kind == 'class' and not any(s.kind == 'class' for s in attention_sites(self.model)):
             self._class_attention_elsewhere(model, classifier, log)
         self.kind = kind
         self.sites = _choose(attention_sites(self.model), kind, blocks, self.name)
+        self.vis = drawing_visualizer()
 
-    # ----------------------------------------------------------------- models
     def _load_classifier(self, name: str, checkpoint: Optional[str], label: str) -> None:
-        model, source = build_classifier(name, checkpoint)
-        self.model, self.dense = model.to(self.device), None
-        self.name = label.format(name=name)
-        self.source = source
-
-    def _load_dense(self, config: str, checkpoint: str, cfg_options: Optional[dict]) -> None:
-        """The config's model with its weights (deepvit_mm's loader), its test pipeline without
-        annotations; its backbone runs."""
-        from ..apis import build_from_config, load_config
-        from ..checkpoints import CheckpointError, load_weights, read_checkpoint
-        if not osp.isfile(config):
-            raise AttentionError(f'config not found: {config!r}.')
-        cfg = load_config(config, cfg_options)
-        pipeline = cfg.get('test_dataloader', {}).get('dataset', {}).get('pipeline')
-        if not pipeline:
-            raise AttentionError(f'{config} has no test pipeline '
-                                 '(test_dataloader.dataset.pipeline).')
-        with _quiet_log():  # init_weights lists every tensor's init: the checkpoint replaces it
-            model, task = build_from_config(cfg)
-        try:  # a trained model's: a backbone-only checkpoint would be drawn as the detector's
-            load_weights(model, read_checkpoint(checkpoint), source=checkpoint,
-                         require_complete=True, log=False)
-        except (CheckpointError, OSError) as e:
-            raise AttentionError(f'{checkpoint}: {str(e).strip().splitlines()[0]}') from None
-        self.cfg, self.task = cfg, task
-        self.model = model.eval().to(self.device)
-        self.dense = [dict(s) for s in pipeline if 'Annotations' not in str(s.get('type'))]
-        self.name = f'{osp.splitext(osp.basename(config))[0]}'
-        self.source = checkpoint
+        self.model, self.name = build_classifier(name, checkpoint)[0].to(self.device), label
 
     def _class_attention_elsewhere(self, model: str, classifier: Optional[str], log) -> None:
         """A model without class-attention layers: the classifier named takes its place."""
-        if self.dense is None:
+        if self.inferencer is None:
             raise AttentionError(f'{model} has no class-attention layers (XCiT and CaiT '
                                  'classifiers have them): use --attention cls or patch.')
         backbone = getattr(self.model, 'backbone', self.model)
@@ -758,27 +663,18 @@ class AttentionDrawer:
                                  'build it as; give a timm name.')
         log(f'{self.name}: its {what} backbone has no class-attention blocks (dense backbones '
             f"drop them); drawing the pretrained classifier {name}'s.")
-        self._load_classifier(name, ckpt, 'pretrained classifier {name}')
+        self._load_classifier(name, ckpt, f'pretrained classifier {name}')
 
-    # ----------------------------------------------------------------- one image
-    def _prepare(self, path: str, image: np.ndarray):
-        """The forward on one image, and the image's ``img_shape`` in input pixels."""
-        if self.dense is None:
+    def _prepare(self, image: np.ndarray):
+        """The forward on one image (BGR), and the image's ``img_shape`` in input pixels."""
+        if self.inferencer is None or self.model is not self.inferencer.model:  # a classifier
             x, img_shape = classifier_input(self.model, image[..., ::-1], self.input_size)
             x = x.to(self.device)
             return (lambda: self.model(x)), img_shape
-        from mmengine.dataset import Compose
-        from mmengine.registry import DefaultScope
-        scope = self.cfg.get('default_scope', 'mmdet' if self.task == 'det' else 'mmseg')
-        with DefaultScope.overwrite_default_scope(scope):
-            data = Compose(self.dense)(dict(img_path=path, img_id=0))
-        batch = self.model.data_preprocessor(
-            dict(inputs=[data['inputs']], data_samples=[data['data_samples']]), False)
-        meta = batch['data_samples'][0].metainfo
-        backbone, inputs = self.model.backbone, batch['inputs']
-        return (lambda: backbone(inputs)), tuple(meta['img_shape'][:2])
+        inputs, meta = network_input(self.inferencer, image)
+        return (lambda: self.model.backbone(inputs)), tuple(meta['img_shape'][:2])
 
-    def compute(self, path: str, patch: Optional[str] = None) -> 'ImageAttention':
+    def compute(self, path: str, patch: Optional[str] = None) -> ImageAttention:
         """The maps of one image, before they are drawn.
 
         Args:
@@ -788,15 +684,14 @@ class AttentionDrawer:
         """
         image = read_image(path)
         ori_shape = tuple(image.shape[:2])
-        run, img_shape = self._prepare(path, image)
+        run, img_shape = self._prepare(image)
         cell = xy = None
         if self.kind == 'patch':
             xy = _parse_patch(patch, ori_shape)
             p = _pair(_patch_embed(self.model).patch_size)
             # the pixel in the network input: the image scaled to img_shape, padded after it
-            x = xy[0] * img_shape[1] / ori_shape[1]
-            y = xy[1] * img_shape[0] / ori_shape[0]
-            cell = (int(y // p[0]), int(x // p[1]))
+            cell = (int(xy[1] * img_shape[0] / ori_shape[0] // p[0]),
+                    int(xy[0] * img_shape[1] / ori_shape[1] // p[1]))
         maps = attention_maps(self.model, run, self.sites, self.kind, cell)
         return ImageAttention(path, np.ascontiguousarray(image[..., ::-1]), maps,
                               tuple(int(s) for s in img_shape), ori_shape, xy)
@@ -812,43 +707,41 @@ class AttentionDrawer:
             patch (str, optional): As ``compute`` takes it.
             threshold (float, optional): DINO's share of attention mass to keep (0.6).
             alpha (float): The map's weight over the image. Default: 0.5.
-            vis (Visualizer, optional): Draws (mmengine's ``Visualizer``). Default: a new one.
+            vis (Visualizer, optional): Draws (mmengine's ``Visualizer``). Default: the
+                drawer's own.
         """
-        from mmengine.visualization import Visualizer
         result = self.compute(path, patch)
-        rgb, maps, xy = result.image, result.maps, result.xy
-        img_shape, ori_shape = result.img_shape, result.ori_shape
-        vis = vis or Visualizer(name=f'attention_draw_{id(self)}')
-        stem = osp.splitext(osp.basename(path))[0]
-        out = []
-        for m in maps:
-            arrays = m.aligned(img_shape, ori_shape)
-            masks = self._masks(m, threshold, img_shape, ori_shape)
-            for head, arr in arrays.items():
-                what = m.label if xy is None else \
-                    f'block {m.site.index}, patch at x,y = {xy[0]:.0f},{xy[1]:.0f}'
+        vis = vis or self.vis
+        stem, xy, out = osp.splitext(osp.basename(path))[0], result.xy, []
+        for m in result.maps:
+            masks = _masks(m, threshold, result.img_shape, result.ori_shape)
+            what = m.label if xy is None else \
+                f'block {m.site.index}, patch at x,y = {xy[0]:.0f},{xy[1]:.0f}'
+            for head, arr in m.aligned(result.img_shape, result.ori_shape).items():
                 label = f'{self.name}\n{what}, {"mean of heads" if head == "mean" else head}'
                 name = f'{stem}_{m.tag}_{head}'
-                out.append(AttentionPicture(name, _draw(vis, arr, rgb, label, alpha, xy), arr))
+                out.append(AttentionPicture(name, _draw(vis, arr, result.image, label, alpha,
+                                                        xy), arr))
                 if head in masks:
-                    kept = np.where(masks[head], arr, 0).astype(np.float32)
-                    pct = round(threshold * 100)
-                    out.append(AttentionPicture(
-                        f'{name}_top{pct}', _draw(vis, kept, rgb, f'{label}, top {pct}% of its '
-                                                  'mass', alpha, xy), kept, masks[head]))
+                    kept, pct = np.where(masks[head], arr, 0).astype(np.float32), \
+                        round(threshold * 100)
+                    label = f'{label}, top {pct}% of its mass'
+                    out.append(AttentionPicture(f'{name}_top{pct}', _draw(
+                        vis, kept, result.image, label, alpha, xy), kept, masks[head]))
         return out
 
-    @staticmethod
-    def _masks(m: AttentionMap, threshold: Optional[float], img_shape,
-               ori_shape) -> Dict[str, np.ndarray]:
-        if threshold is None:
-            return {}
-        grid_maps = m.maps()
-        valid = valid_grid(m.grid, img_shape, m.pad_shape)
-        keep = top_mass_mask(torch.stack(list(grid_maps.values())), threshold, valid)
-        aligned = align_to_image(keep.float(), img_shape, m.pad_shape, ori_shape,
-                                 mode='nearest-exact')
-        return {k: v.numpy() > 0.5 for k, v in zip(grid_maps, aligned)}
+
+def _masks(m: AttentionMap, threshold: Optional[float], img_shape,
+           ori_shape) -> Dict[str, np.ndarray]:
+    """``top_mass_mask`` of each of ``m.maps()`` at the original image's size."""
+    if threshold is None:
+        return {}
+    grid_maps = m.maps()
+    keep = top_mass_mask(torch.stack(list(grid_maps.values())), threshold,
+                         valid_grid(m.grid, img_shape, m.pad_shape))
+    aligned = align_to_image(keep.float(), img_shape, m.pad_shape, ori_shape,
+                             mode='nearest-exact')
+    return {k: v.numpy() > 0.5 for k, v in zip(grid_maps, aligned)}
 
 
 def _draw(vis, arr: np.ndarray, image: np.ndarray, label: str, alpha: float,
@@ -857,32 +750,7 @@ def _draw(vis, arr: np.ndarray, image: np.ndarray, label: str, alpha: float,
     patch marked."""
     drawn = vis.draw_featmap(torch.from_numpy(arr)[None], overlaid_image=image,
                              channel_reduction=None, topk=0, alpha=alpha)
-    vis.set_image(drawn)
-    size = max(7, min(drawn.shape[:2]) // 18)
-    vis.draw_texts(label, np.array([2, 2]), colors='white', font_sizes=size,
-                   vertical_alignments='top',
-                   bboxes=dict(facecolor='black', alpha=0.6, pad=1, edgecolor='none'))
-    if xy is not None:
-        vis.draw_points(np.array([xy]), colors='white', marker='x',
-                        sizes=np.array([max(16, size * 3)]))
-    return vis.get_image()
-
-
-def _writer(out_dir: str, backends: Optional[Sequence[dict]]):
-    """mmengine's Visualizer writing to ``backends`` (a local one always, into ``out_dir``)."""
-    import time
-
-    from mmengine.visualization import Visualizer
-    cfgs = [dict(b) for b in backends or []]
-    if not any(str(b.get('type', '')).split('.')[-1] == 'LocalVisBackend' for b in cfgs):
-        cfgs.append(dict(type='LocalVisBackend'))
-    for b in cfgs:
-        b['type'] = str(b['type']).split('.')[-1]  # mmengine's own registry has them all
-        if b['type'] == 'LocalVisBackend':
-            b.update(save_dir=out_dir, img_save_dir='.')
-    # a name of its own: mmengine returns an existing visualizer of the same name, unchanged
-    return Visualizer(name=f'attention_vis_{time.time_ns()}', vis_backends=cfgs,
-                      save_dir=out_dir)
+    return draw_label(vis, drawn, label, xy)
 
 
 def visualize_attention(inputs: str, model: str, checkpoint: Optional[str], out_dir: str, *,
@@ -897,8 +765,8 @@ def visualize_attention(inputs: str, model: str, checkpoint: Optional[str], out_
 
     Per map, head and the heads' mean: ``out_dir/<name>_0.png`` (mmengine's local vis backend;
     the other ``vis_backends`` get them too) and with ``save_arrays`` ``out_dir/<name>_0.npz``
-    (``map``: float32 at the original image's size; ``mask``: the pixels ``threshold`` kept).
-    Everything is checked, and the first image's maps drawn, before anything is written.
+    (``AttentionPicture.arrays``). Everything is checked, and the first image's maps drawn,
+    before anything is written.
 
     Args:
         inputs (str): An image file or a folder of them.
@@ -908,45 +776,25 @@ def visualize_attention(inputs: str, model: str, checkpoint: Optional[str], out_
         patch, threshold, alpha: As ``AttentionDrawer.__call__`` takes them.
         save_arrays (bool): Also the ``.npz`` files. Default: False.
         vis_backends (Sequence[dict], optional): mmengine vis backend configs. Default: the
-            config's visualizer's (a config), none (a classifier); a local one into ``out_dir``
-            is always added.
+            config's (a config), none (a classifier); a local one into ``out_dir`` always.
 
     Returns:
-        list[str]: The files written (PNGs and ``.npz``).
+        list[str]: The files written (each PNG, then its ``.npz``).
 
     Raises:
-        VisualizationError: Bad input (an unreadable image, a block the model does not have,
-            an attention it does not compute: ``AttentionError``), in one line; nothing is
-            written then.
+        VisualizationError: Bad input (an unreadable image, a block the model has not, an
+            attention it does not compute), in one line; nothing is written then.
     """
-    from mmengine.visualization import Visualizer
-    if threshold is not None and not 0 < threshold <= 1:
-        raise AttentionError(f'--threshold {threshold}: give the share of attention mass to '
-                             'keep, in (0, 1], e.g. 0.6.')
-    if not 0 <= alpha <= 1:
-        raise AttentionError(f'--alpha {alpha}: give a weight in [0, 1].')
+    _check_threshold(threshold)
+    check_alpha(alpha)
     files = list_images(inputs)
-    for f in files:  # every image readable before a model is built or anything written
-        read_image(f)
     drawer = AttentionDrawer(model, checkpoint, attention=attention, blocks=blocks,
                              classifier=classifier, input_size=input_size,
                              cfg_options=cfg_options, device=device, log=log)
-    if vis_backends is None and drawer.cfg is not None:
-        vis_backends = (drawer.cfg.get('visualizer') or {}).get('vis_backends')
-    vis = Visualizer(name=f'attention_draw_{id(drawer)}')
-    writer, written = None, []
-    for path in files:
-        pictures = drawer(path, patch=patch, threshold=threshold, alpha=alpha, vis=vis)
-        writer = writer or _writer(out_dir, vis_backends)  # the first image's maps are drawn
-        for p in pictures:
-            writer.add_image(p.name, p.image, step=0)
-            written.append(osp.join(out_dir, f'{p.name}_0.png'))
-            if save_arrays:
-                arrays = dict(map=p.array.astype(np.float32))
-                if p.mask is not None:
-                    arrays['mask'] = p.mask
-                np.savez(osp.join(out_dir, f'{p.name}_0.npz'), **arrays)
-                written.append(osp.join(out_dir, f'{p.name}_0.npz'))
-    if writer is not None:
-        writer.close()
-    return written
+    if vis_backends is None and drawer.inferencer is not None:
+        vis_backends = (drawer.inferencer.cfg.get('visualizer') or {}).get('vis_backends')
+
+    def pictures(path):
+        return [(p.name, p.image, p.arrays)
+                for p in drawer(path, patch=patch, threshold=threshold, alpha=alpha)]
+    return write_pictures(files, pictures, out_dir, vis_backends, save_arrays)

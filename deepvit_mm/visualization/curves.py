@@ -18,7 +18,7 @@ import os
 import os.path as osp
 from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ['Scalars', 'find_scalars', 'read_scalars', 'default_metrics', 'plot_curves']
+__all__ = ['find_scalars', 'read_scalars', 'plot_curves']
 
 # keys of a log line that are bookkeeping, not a loss or a metric
 _BOOKKEEPING = {'lr', 'base_lr', 'momentum', 'data_time', 'time', 'iter', 'epoch', 'step',
@@ -107,6 +107,18 @@ def default_metrics(scalars: Scalars) -> List[str]:
     return keys or list(scalars.val)
 
 
+def _check_keys(scalars: Scalars, losses: List[str], metrics: List[str]) -> None:
+    """Refuse a key the log does not have (naming those it has), or no loss."""
+    for keys, have, what in ((losses, scalars.train, 'training'), (metrics, scalars.val,
+                                                                   'validation')):
+        missing = [k for k in keys if k not in have]
+        if missing:
+            raise ValueError(f'{scalars.path} has no {what} key {", ".join(missing)}: it has '
+                             f'{", ".join(sorted(have)) or "none"}')
+    if not losses:
+        raise ValueError(f'{scalars.path} has no loss: is it a training run\'s scalars.json?')
+
+
 def plot_curves(scalars: Scalars, out: str, losses: Optional[Sequence[str]] = None,
                 metrics: Optional[Sequence[str]] = None, title: Optional[str] = None,
                 dpi: int = 100) -> str:
@@ -132,14 +144,7 @@ def plot_curves(scalars: Scalars, out: str, losses: Optional[Sequence[str]] = No
     from matplotlib.figure import Figure
     losses = list(losses) if losses else scalars.losses
     metrics = list(metrics) if metrics is not None else default_metrics(scalars)
-    for keys, have, what in ((losses, scalars.train, 'training'), (metrics, scalars.val,
-                                                                   'validation')):
-        missing = [k for k in keys if k not in have]
-        if missing:
-            raise ValueError(f'{scalars.path} has no {what} key {", ".join(missing)}: it has '
-                             f'{", ".join(sorted(have)) or "none"}')
-    if not losses:
-        raise ValueError(f'{scalars.path} has no loss: is it a training run\'s scalars.json?')
+    _check_keys(scalars, losses, metrics)
     fig = Figure(figsize=(10, 3.6), dpi=dpi, layout='constrained')
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2 if metrics else 1, squeeze=False)[0]

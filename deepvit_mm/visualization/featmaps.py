@@ -15,28 +15,28 @@ level's grid against the backbone's first level, per axis; a backbone without ``
 """
 import dataclasses
 import math
-import os
 import os.path as osp
-import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from .align import align_to_image, valid_grid
+from .drawing import (
+    VisualizationError,
+    check_alpha,
+    draw_label,
+    drawing_visualizer,
+    list_images,
+    network_input,
+    read_image,
+    write_pictures,
+)
 
-__all__ = ['CHANNEL_REDUCTIONS', 'IMAGE_EXTENSIONS', 'VisualizationError', 'FeatmapLevel',
-           'LayerFeatmaps', 'FeatmapExtractor', 'list_images', 'read_image',
-           'build_featmap_visualizer', 'draw_layer', 'save_layer_arrays', 'visualize_featmaps']
+__all__ = ['FeatmapExtractor', 'visualize_featmaps']
 
 # --channel-reduction of mmyolo's featmap_vis_demo.py ('none': the top-k channels, each drawn)
 CHANNEL_REDUCTIONS = ('squeeze_mean', 'select_max', 'none')
-# mmengine's / mmdet's image suffixes (a folder's images are the files that end in one)
-IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif', '.tiff', '.webp')
-
-
-class VisualizationError(ValueError):
-    """Input the visualization tools cannot draw: the message, one line, says what to give."""
 
 
 @dataclasses.dataclass
@@ -99,43 +99,9 @@ def _maps_of(output, layer: str) -> List[torch.Tensor]:
     return outs
 
 
-def list_images(path: str) -> List[str]:
-    """The image files of ``path``: itself, or a folder's files ending in ``IMAGE_EXTENSIONS``
-    (sorted; not its subfolders').
-
-    Raises:
-        VisualizationError: ``path`` does not exist, or a folder holds no image file.
-    """
-    if osp.isdir(path):
-        files = sorted(osp.join(path, f) for f in os.listdir(path)
-                       if f.lower().endswith(IMAGE_EXTENSIONS) and osp.isfile(osp.join(path, f)))
-        if not files:
-            raise VisualizationError(f'no image in {path!r} (files ending in '
-                                     f'{", ".join(IMAGE_EXTENSIONS)})')
-        return files
-    if not osp.isfile(path):
-        raise VisualizationError(f'image not found: {path!r}: give an image file or a folder')
-    return [path]
-
-
-def read_image(path: str) -> np.ndarray:
-    """An image file as the test pipelines load it (``mmcv.imread``: BGR, 3 channels).
-
-    Raises:
-        VisualizationError: the file cannot be decoded as an image.
-    """
-    import mmcv
-    try:
-        img = mmcv.imread(path)
-    except Exception as e:  # mmcv raises on unreadable files and returns None on undecodable bytes
-        raise VisualizationError(f'cannot read image {path!r}: {e}') from None
-    if img is None or img.size == 0:
-        raise VisualizationError(f'cannot read image {path!r}: not an image file OpenCV decodes')
-    return img
-
-
 class FeatmapExtractor:
-    """A config's model with its weights, and the layers whose outputs are drawn.
+    """A config's model with its weights (``deepvit_mm.apis.build_inferencer``), and the layers
+    whose outputs are drawn.
 
     Args:
         config (str): An mmdet or mmseg config file.
@@ -143,7 +109,7 @@ class FeatmapExtractor:
             (``deepvit_mm.checkpoints``); None: the model's initial weights (tests).
         layers (Sequence[str]): Modules of the model run by its ``extract_feat``: ``'backbone'``,
             ``'neck'`` or a module inside them (``'backbone.adapter'``). Default: the backbone.
-        device (str, optional): Default: ``'cuda:0'`` when available, else ``'cpu'``.
+        device (str, optional): Default: ``deepvit_mm.apis.default_device()``.
         cfg_options (dict, optional): Overrides merged into the config (``--cfg-options``).
 
     Raises:
@@ -153,31 +119,12 @@ class FeatmapExtractor:
 
     def __init__(self, config: str, checkpoint: Optional[str], layers: Sequence[str] = ('backbone',),
                  device: Optional[str] = None, cfg_options: Optional[dict] = None):
-        from ..apis import read_config, task_of
-        from ..checkpoints import resolve_checkpoint
-        from ..models.utils.consumers import check_model
-        if not osp.isfile(config):
-            raise FileNotFoundError(f'config not found: {config!r}')
+        from ..apis import build_inferencer
         if not layers:
             raise VisualizationError('no layer given: name one, e.g. --target-layers backbone')
-        cfg = read_config(config)
-        if cfg_options:
-            cfg.merge_from_dict(cfg_options)
-        self.cfg, self.task = cfg, task_of(cfg)
-        device = device or ('cuda:0' if torch.cuda.is_available() else 'cpu')
-        weights = resolve_checkpoint(checkpoint) if checkpoint is not None else None
-        if self.task == 'det':
-            from mmdet.apis import DetInferencer as Inferencer
-        else:
-            from mmseg.apis import MMSegInferencer as Inferencer
-        # the inferencer: the config's test pipeline as it runs on an array, the model with its
-        # weights read through deepvit_mm's loader (mmengine's reader is routed there)
-        built = cfg.copy()
-        if built.get('visualizer') is not None:  # the inferencer's own draws nothing here
-            built.visualizer = dict(built.visualizer, vis_backends=[])
-        self.inferencer = Inferencer(model=built, weights=weights, device=device)
-        self.model = self.inferencer.model.eval()
-        check_model(self.model)
+        self.inferencer, self.task = build_inferencer(config, checkpoint, device,
+                                                      cfg_options=cfg_options)
+        self.model, self.cfg = self.inferencer.model, self.inferencer.cfg
         self.layers = tuple(dict.fromkeys(layers))
         modules = dict(self.model.named_modules())
         run = [n for n in ('backbone', 'neck') if getattr(self.model, n, None) is not None]
@@ -208,28 +155,19 @@ class FeatmapExtractor:
         Returns:
             list[LayerFeatmaps]: One a layer, in the order asked.
         """
-        from mmengine.dataset import pseudo_collate
-        if channel_reduction not in CHANNEL_REDUCTIONS:
-            raise VisualizationError(f'channel reduction {channel_reduction!r}: choose from '
-                                     f'{", ".join(CHANNEL_REDUCTIONS)}')
-        data = pseudo_collate([self.inferencer.pipeline(image)])
-        data = self.model.data_preprocessor(data, False)
-        inputs, sample = data['inputs'], data['data_samples'][0]
-        captured: Dict[str, object] = {}
-
-        def hook(name):
-            def keep(module, args, output):
-                captured.setdefault(name, output)  # a module run twice: its first output
-            return keep
-        handles = [m.register_forward_hook(hook(n)) for n, m in self._modules.items()]
+        _check_reduction(channel_reduction)
+        inputs, meta = network_input(self.inferencer, image)
+        captured: Dict[str, object] = {}  # a module run twice: its first output
+        handles = [m.register_forward_hook(lambda mod, args, out, n=n: captured.setdefault(n, out))
+                   for n, m in self._modules.items()]
         try:
             self.model.extract_feat(inputs)
         finally:
             for h in handles:
                 h.remove()
         pad_shape = tuple(inputs.shape[-2:])  # what the backbone was given
-        img_shape = tuple(sample.metainfo.get('img_shape', pad_shape))[:2]
-        ori_shape = tuple(sample.metainfo.get('ori_shape', image.shape[:2]))[:2]
+        img_shape = tuple(meta.get('img_shape', pad_shape))[:2]
+        ori_shape = tuple(meta.get('ori_shape', image.shape[:2]))[:2]
         ref = self._reference(captured.get('backbone'), pad_shape)
         result = []
         for layer in self.layers:
@@ -282,40 +220,6 @@ def _reduce(level: torch.Tensor, valid: Tuple[int, int], mode: str,
     return level[idx], tuple(int(i) for i in idx)
 
 
-def build_featmap_visualizer(cfg, out_dir: str):
-    """The config's visualizer (``cfg.visualizer``: mmdet's or mmseg's) writing to ``out_dir``:
-    its local backends write the PNGs there (``<name>_0.png``), the others (TensorBoard,
-    W&B...) as they are configured (TensorBoard's event file under ``out_dir/vis_data``); a local
-    backend is added where the config has none."""
-    import copy
-
-    from mmengine.registry import DefaultScope
-
-    from ..apis import task_of, task_registry
-    vis = copy.deepcopy(dict(cfg.get('visualizer') or dict(type='Visualizer')))
-    backends = [dict(b) for b in vis.get('vis_backends') or []]
-    if not any(b.get('type', '').split('.')[-1] == 'LocalVisBackend' for b in backends):
-        backends.append(dict(type='LocalVisBackend'))
-    for b in backends:
-        if b.get('type', '').split('.')[-1] == 'LocalVisBackend':
-            b.update(save_dir=out_dir, img_save_dir='.')
-    # a name of its own: mmengine returns an existing visualizer of the same name, unchanged
-    vis.update(vis_backends=backends, save_dir=out_dir, name=f'featmaps_{time.time_ns()}')
-    scope = cfg.get('default_scope', 'mmdet')
-    with DefaultScope.overwrite_default_scope(scope):
-        return task_registry(task_of(cfg), 'VISUALIZERS').build(vis)
-
-
-def _label(visualizer, image: np.ndarray, text: str) -> np.ndarray:
-    """``text`` in the top-left corner of ``image``, drawn by the visualizer."""
-    visualizer.set_image(image)
-    size = max(7, min(image.shape[:2]) // 14)
-    visualizer.draw_texts(text, np.array([2, 2]), colors='white', font_sizes=size,
-                          vertical_alignments='top',
-                          bboxes=dict(facecolor='black', alpha=0.6, pad=1, edgecolor='none'))
-    return visualizer.get_image()
-
-
 def _arrange(panels: List[np.ndarray], columns: int) -> np.ndarray:
     """Panels of one size in rows of ``columns``, the last row filled with white."""
     rows = [panels[i:i + columns] for i in range(0, len(panels), columns)]
@@ -338,7 +242,7 @@ def draw_layer(visualizer, image_rgb: np.ndarray, layer: LayerFeatmaps, channel_
                 else channel_reduction, topk=0, alpha=alpha)
             text = level.label if level.channels is None or channel_reduction == 'squeeze_mean' \
                 else f'{level.label}, channel {level.channels[i]}'
-            panels.append(_label(visualizer, drawn, text))
+            panels.append(draw_label(visualizer, drawn, text))
         pictures.append(_arrange(panels, arrangement[1]) if len(panels) > 1 else panels[0])
     if len({p.shape for p in pictures}) > 1:  # levels of different arrangements: pad to one size
         h, w = max(p.shape[0] for p in pictures), max(p.shape[1] for p in pictures)
@@ -347,20 +251,34 @@ def draw_layer(visualizer, image_rgb: np.ndarray, layer: LayerFeatmaps, channel_
     return _arrange(pictures, 2)
 
 
-def save_layer_arrays(path: str, layer: LayerFeatmaps) -> None:
-    """A layer's maps as an ``.npz``: one float32 array a level, at the original image's size,
-    named ``stride_<s>`` (``stride_<sh>x<sw>`` where the axes differ; ``level_<i>_...`` where two
-    levels share a stride): ``(H, W)`` for one map, ``(k, H, W)`` for k channels; the channels
-    drawn beside it as ``<name>_channels``."""
+def layer_arrays(layer: LayerFeatmaps) -> Dict[str, np.ndarray]:
+    """A layer's maps as its ``.npz`` holds them: one float32 array a level, at the original
+    image's size, named ``stride_<s>`` (``stride_<sh>x<sw>`` where the axes differ;
+    ``level_<i>_...`` where two levels share a stride): ``(H, W)`` for one map, ``(k, H, W)`` for
+    k channels; the channels drawn beside it as ``<name>_channels``."""
     arrays, names = {}, [lvl.label.replace(' ', '_') for lvl in layer.levels]
     for i, (lvl, name) in enumerate(zip(layer.levels, names)):
-        if names.count(name) > 1:
-            name = f'level_{i}_{name}'
+        name = f'level_{i}_{name}' if names.count(name) > 1 else name
         maps = lvl.maps.numpy().astype(np.float32)
         arrays[name] = maps[0] if maps.shape[0] == 1 else maps
         if lvl.channels is not None:
             arrays[f'{name}_channels'] = np.asarray(lvl.channels, dtype=np.int64)
-    np.savez(path, **arrays)
+    return arrays
+
+
+def _check_reduction(channel_reduction: str) -> None:
+    if channel_reduction not in CHANNEL_REDUCTIONS:
+        raise VisualizationError(f'channel reduction {channel_reduction!r}: choose from '
+                                 f'{", ".join(CHANNEL_REDUCTIONS)}')
+
+
+def _check_arrangement(arrangement: Sequence[int], channel_reduction: str, topk: int) -> None:
+    if len(arrangement) != 2 or min(arrangement) < 1:
+        raise VisualizationError(f'arrangement {tuple(arrangement)}: give rows and columns, '
+                                 'e.g. --arrangement 2 2')
+    if channel_reduction == 'none' and topk > arrangement[0] * arrangement[1]:
+        raise VisualizationError(f'--topk {topk} channels do not fit --arrangement '
+                                 f'{arrangement[0]} {arrangement[1]}: give rows x columns >= topk')
 
 
 def visualize_featmaps(inputs, config: str, checkpoint: str, out_dir: str, *,
@@ -373,67 +291,40 @@ def visualize_featmaps(inputs, config: str, checkpoint: str, out_dir: str, *,
     """Draw the feature maps of every image of ``inputs`` (``tools/analysis/featmap_vis.py``).
 
     For each image and layer, ``out_dir/<image stem>_<layer>_0.png`` (and the config's other
-    visualization backends) and, with ``save_arrays``, ``out_dir/<image stem>_<layer>_0.npz``
-    (``save_layer_arrays``). Everything is checked before anything is written: the images are
-    read, the layers found, the flags checked and the first image's maps computed first.
+    backends) and, with ``save_arrays``, its ``.npz`` (``layer_arrays``). Nothing is written
+    before the images are read, the layers found, the flags checked, the first maps computed.
 
     Args:
         inputs (str | Sequence[str]): Image files or folders of them.
-        config (str): An mmdet or mmseg config file.
-        checkpoint (str): Its weights.
+        config, checkpoint, layers, device, cfg_options: As ``FeatmapExtractor`` takes them.
         out_dir (str): Where the pictures go.
-        layers (Sequence[str]): As ``FeatmapExtractor`` takes them.
-        channel_reduction (str): One of ``CHANNEL_REDUCTIONS``.
-        topk (int): ``'none'``: the channels drawn a level.
+        channel_reduction, topk: As ``FeatmapExtractor.__call__`` takes them.
         arrangement (tuple[int, int]): ``'none'``: rows and columns of a level's channels.
         alpha (float): The maps' weight over the image, in [0, 1].
         save_arrays (bool): Also write the ``.npz`` of each picture.
-        device (str, optional): As ``FeatmapExtractor``.
-        cfg_options (dict, optional): As ``FeatmapExtractor``.
         extractor (FeatmapExtractor, optional): One already built (config, checkpoint, layers,
             device and cfg_options are then its own).
 
     Returns:
-        list[str]: The files written under ``out_dir`` (PNGs, then ``.npz`` where asked).
+        list[str]: The files written under ``out_dir`` (each PNG, then its ``.npz``).
 
     Raises:
-        VisualizationError: an image that cannot be read, a layer that does not exist, flags
-            that do not fit; nothing is written then.
+        VisualizationError: an unreadable image, a layer the model has not, flags that do not
+            fit; nothing is written then.
     """
-    if channel_reduction not in CHANNEL_REDUCTIONS:
-        raise VisualizationError(f'channel reduction {channel_reduction!r}: choose from '
-                                 f'{", ".join(CHANNEL_REDUCTIONS)}')
-    if len(arrangement) != 2 or min(arrangement) < 1:
-        raise VisualizationError(f'arrangement {tuple(arrangement)}: give rows and columns, '
-                                 'e.g. --arrangement 2 2')
-    if channel_reduction == 'none' and topk > arrangement[0] * arrangement[1]:
-        raise VisualizationError(f'--topk {topk} channels do not fit --arrangement '
-                                 f'{arrangement[0]} {arrangement[1]}: give rows x columns >= topk')
-    if not 0 <= alpha <= 1:
-        raise VisualizationError(f'--alpha {alpha}: give a weight in [0, 1]')
-    files = [f for item in ([inputs] if isinstance(inputs, str) else inputs)
-             for f in list_images(str(item))]
-    for f in files:  # every image readable before the model is built or anything written
-        read_image(f)
+    _check_reduction(channel_reduction)
+    _check_arrangement(arrangement, channel_reduction, topk)
+    check_alpha(alpha)
+    files = list_images(inputs)
     extractor = extractor or FeatmapExtractor(config, checkpoint, layers, device, cfg_options)
-    visualizer, written = None, []
-    for path in files:
-        image = read_image(path)
-        result = extractor(image, channel_reduction, topk)
-        if visualizer is None:  # the first image's maps are computed: now files may be written
-            visualizer = build_featmap_visualizer(extractor.cfg, out_dir)
-        rgb = np.ascontiguousarray(image[..., ::-1])
-        stem = osp.splitext(osp.basename(path))[0]
-        for layer in result:
-            name = f'{stem}_{layer.layer}'
-            picture = draw_layer(visualizer, rgb, layer, channel_reduction, tuple(arrangement),
-                                 alpha)
-            visualizer.add_image(name, picture, step=0)
-            written.append(osp.join(out_dir, f'{name}_0.png'))
-            if save_arrays:
-                save_layer_arrays(osp.join(out_dir, f'{name}_0.npz'), layer)
-                written.append(osp.join(out_dir, f'{name}_0.npz'))
-    if visualizer is not None:
-        visualizer.close()
-    return written
+    vis = drawing_visualizer()
 
+    def pictures(path):
+        image = read_image(path)
+        rgb, stem = np.ascontiguousarray(image[..., ::-1]), osp.splitext(osp.basename(path))[0]
+        return [(f'{stem}_{layer.layer}', draw_layer(vis, rgb, layer, channel_reduction,
+                                                     tuple(arrangement), alpha),
+                 lambda layer=layer: layer_arrays(layer))
+                for layer in extractor(image, channel_reduction, topk)]
+    backends = (extractor.cfg.get('visualizer') or {}).get('vis_backends')
+    return write_pictures(files, pictures, out_dir, backends, save_arrays)

@@ -1,9 +1,10 @@
 """Attention maps (deepvit_mm.visualization.attention, tools/analysis/attention_vis.py).
 
 * every family's maps equal timm's own attention (fused attention off,
-  ``timm.utils.AttentionExtract``), whatever timm's fused-attention setting was when they were
-  computed: classifiers (ViT, DeiT III, DINOv2 with registers, EVA-02, BEiT, CaiT's trunk, CaiT's
-  and XCiT's class attention) and our dense backbones (CaiT and ViT with windows, EVA-02, BEiT);
+  ``timm.utils.AttentionExtract``), whatever timm's fused-attention setting (or CaiT's query
+  chunks) was when they were taken: classifiers (ViT, DeiT III, DINOv2 with registers, EVA-02,
+  BEiT, CaiT's trunk, CaiT's and XCiT's class attention) and our dense backbones (CaiT and ViT
+  with windows, EVA-02, BEiT); one module's (``attention_probs``) too;
 * aligned: a query patch whose attention is built to peak on itself lands on the image where
   ``--patch`` put it, through a classifier's resize and padding (patch 14 and 16, BEiT's fixed
   grid) and a detector's and a segmentor's test pipeline, preprocessor and backbone padding;
@@ -28,12 +29,11 @@ from timm.utils import AttentionExtract
 from deepvit_mm import CaiT, TimmBEiT, TimmEVA, TimmViT
 from deepvit_mm.visualization import (
     AttentionDrawer,
-    AttentionError,
-    AttentionMap,
     attention_maps,
+    attention_probs,
     attention_sites,
-    top_mass_mask,
 )
+from deepvit_mm.visualization.attention import AttentionError, AttentionMap, top_mass_mask
 
 TOOL = os.path.join(ROOT, 'tools', 'analysis', 'attention_vis.py')
 # float rounding: fused and unfused attention, and the order of the matmuls, differ by ~1e-7
@@ -163,6 +163,40 @@ def test_xcas_channel_attention_is_refused_with_the_feature_maps_tool():
     x = torch.randn(1, 3, 32, 48)
     with pytest.raises(AttentionError, match=r'over channels .*featmap_vis\.py'):
         attention_maps(model, lambda: model(x), sites[:1], 'patch', (0, 0))
+
+
+def test_query_chunks_are_off_while_the_maps_are_taken():
+    """A CaiT backbone whose talking heads go by query chunks (which never form the whole map):
+    the chosen blocks run timm's attention for the maps, their chunks set back after."""
+    backbone = _perturb_(CaiT('xxs24', out_indices=EARLY, query_chunks=False)).eval()
+    x = torch.randn(1, 3, 50, 90)
+    sites = [s for s in attention_sites(backbone) if s.kind == 'self'][:2]
+    ref = _timm_attention(backbone, x, [s.name for s in sites])
+    for s in sites:
+        s.module.query_chunk = 4  # rows a step, fewer than the 24 patches
+    maps = attention_maps(backbone, lambda: backbone(x), sites, 'patch', (1, 2))
+    assert all(s.module.query_chunk == 4 for s in sites)
+    for s, m in zip(sites, maps):
+        assert (m.heads - _rows(ref[s.name], m.grid, 'patch')).abs().max() < TOL
+
+
+def test_attention_probs_of_one_module_are_timms():
+    """One module's weights from what it receives, with its fused attention on (and left on), as
+    timm's own; a windowed block's grid refused."""
+    model = _perturb_(timm.create_model('vit_tiny_patch16_224', pretrained=False, depth=1,
+                                        dynamic_img_size=True)).eval()
+    x = torch.randn(1, 3, 48, 80)
+    attn, got = model.blocks[0].attn, {}
+    handle = attn.register_forward_pre_hook(lambda m, args: got.setdefault('x', args[0]))
+    ref = _timm_attention(model, x, ['blocks.0.attn'])['blocks.0.attn']
+    handle.remove()
+    _set_fused(model, True)
+    probs = attention_probs(attn, got['x'], [0, 5])
+    assert probs.shape == (1, 3, 2, 16) and attn.fused_attn
+    assert (probs[0] - ref[:, [0, 5]]).abs().max() < TOL
+    windowed = [s for s in attention_sites(_backbone('ViT windows')) if s.window_size][0]
+    with pytest.raises(AttentionError, match='attends within 3x3 windows'):
+        attention_probs(windowed.module, torch.randn(1, 4, 6, 192))
 
 
 # ------------------------------------------------------------------------------ alignment

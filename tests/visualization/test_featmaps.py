@@ -21,9 +21,9 @@ from deepvit_mm.visualization import (
     FeatmapExtractor,
     VisualizationError,
     align_to_image,
-    valid_grid,
     visualize_featmaps,
 )
+from deepvit_mm.visualization.align import valid_grid
 
 TOOL = os.path.join(ROOT, 'tools', 'analysis', 'featmap_vis.py')
 

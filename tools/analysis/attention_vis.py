@@ -1,7 +1,7 @@
 """Draw attention maps over images, for every family: XCiT's and CaiT's class attention (from the
 classification weights), the CLS token's attention of ViT, DeiT III, DINOv2, EVA-02 and BEiT, and
 a chosen patch's attention inside a detector's or segmentor's backbone (CaiT and those families);
-each map computed from the attention module's own weights and laid over the image with the
+each map the weights timm's attention module applies to its values, laid over the image with the
 feature maps' alignment (deepvit_mm/visualization/attention.py says how).
 
     # class attention of an XCiT classifier, every layer, per head and the heads' mean

@@ -170,9 +170,11 @@ def _fake_nvcc(folder, release):
     return folder
 
 
+@pytest.mark.slow
 def test_cuda_plan_on_this_torch_takes_cuda_home_of_its_cuda(tmp_path):
     """``mmcv_build.py cuda-plan`` / ``cuda-toolkit`` as the set-up runs them, with FORCE_CUDA=1
-    and CUDA_HOME a fake toolkit of this torch's CUDA: the export lines the build gets."""
+    and CUDA_HOME a fake toolkit of this torch's CUDA: the export lines the build gets. ~6 s of
+    CPU: two interpreters that import torch."""
     if not torch.version.cuda:
         pytest.skip('a CPU build of torch')
     home = _fake_nvcc(tmp_path / 'cuda', torch.version.cuda)

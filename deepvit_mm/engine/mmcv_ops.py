@@ -36,9 +36,12 @@ def mmcv_ops_device_problem(model: torch.nn.Module,
     None where they can (a CPU model, an mmcv compiled with CUDA, a model calling none of them).
 
     Args:
-        model (nn.Module): The model as the Runner placed it (wrappers included).
+        model (nn.Module): The model as the Runner placed it (wrappers included); a config
+            (mmengine's FlexibleRunner, which builds the model when the run starts) is passed.
         device (torch.device, optional): Where it runs; default: where its first parameter is.
     """
+    if not isinstance(model, torch.nn.Module):  # FlexibleRunner builds it in train(): a config
+        return None
     if device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device('cpu')

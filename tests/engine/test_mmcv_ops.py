@@ -53,3 +53,10 @@ def test_the_device_is_the_models_own(monkeypatch):
     assert mmcv_ops_used(model) == ['RoIAlign']
     assert mmcv_ops_device_problem(model) is None
     assert 'RoIAlign' in mmcv_ops_device_problem(model, torch.device('cuda'))
+
+
+def test_a_model_not_built_yet_is_passed():
+    """mmengine's FlexibleRunner (sharded training) builds its model when the run starts: before,
+    ``runner.model`` is the config, which the check lets through."""
+    from mmengine.config import ConfigDict
+    assert mmcv_ops_device_problem(ConfigDict(type='MaskRCNN'), torch.device('cuda')) is None

@@ -4,6 +4,7 @@
     python tools/mmcv_build.py mend path/to/mmcv-2.1.0/setup.py   # before `pip wheel` of that folder
     python tools/mmcv_build.py cuda-plan                # export lines: a CUDA build's arch, or none
     python tools/mmcv_build.py cuda-toolkit --prefix D  # export lines: nvcc, headers (D: registry's)
+    python tools/mmcv_build.py cuda-built               # exit 1 unless mmcv's ops have torch's CUDA
     python tools/mmcv_build.py check [--cuda-arch 9.0]  # nms and RoIAlign, forward and backward
 
 Two things stop mmcv 2.1.0's ``setup.py`` as released:
@@ -121,10 +122,25 @@ class CudaBuild:
         return arch_key(self.arch)
 
 
+def arch_parts(arch: str) -> List[str]:
+    """``'8.0;9.0+PTX'`` or ``'8.0 9.0+PTX'`` -> ``['8.0', '9.0+PTX']``: an arch list's items."""
+    return [a for a in re.split(r'[;\s]+', arch) if a]
+
+
+def cuda_release(version: str) -> str:
+    """``'13.0.88'`` or torch's ``'13.0'`` -> ``'13.0'``: a CUDA version's major.minor."""
+    return '.'.join(version.split('.')[:2])
+
+
+def registry_home(prefix: str, cuda: str) -> str:
+    """Where the registry's CUDA wheels installed into ``prefix`` put their files, a toolkit's
+    layout: ``prefix/nvidia/cu13`` for CUDA 13.x."""
+    return os.path.join(prefix, 'nvidia', f'cu{cuda.split(".")[0]}')
+
+
 def arch_key(arch: str) -> str:
     """``'9.0;8.0+PTX'`` -> ``'sm_80+ptx-sm_90'``: the archs sorted, for a folder name."""
-    parts = sorted(a.strip() for a in re.split(r'[;\s]+', arch) if a.strip())
-    return '-'.join('sm_' + a.replace('.', '').replace('+PTX', '+ptx') for a in parts)
+    return '-'.join('sm_' + a.replace('.', '').replace('+PTX', '+ptx') for a in sorted(arch_parts(arch)))
 
 
 def wants_cuda(torch_cuda: Optional[str], gpus: Sequence[Tuple[int, int]],
@@ -151,7 +167,7 @@ def cuda_arch(gpus: Sequence[Tuple[int, int]], env: Mapping[str, str]) -> Tuple[
     for var in ('MMCV_CUDA_ARCH', 'TORCH_CUDA_ARCH_LIST'):
         named = env.get(var, '').strip()
         if named:
-            parts = [a for a in re.split(r'[;\s]+', named) if a]
+            parts = arch_parts(named)
             bad = [a for a in parts if not ARCH.match(a)]
             if bad:
                 raise CudaBuildError(f'{var}={named}: {bad[0]!r} is not a compute capability; name '
@@ -203,7 +219,7 @@ def plan_cuda_build(torch_cuda: str, gpus: Sequence[Tuple[int, int]], env: Mappi
         CudaBuildError: no nvcc of torch's CUDA here, and none the registry gives for it.
     """
     arch, arch_from = cuda_arch(gpus, env)
-    want = '.'.join(torch_cuda.split('.')[:2])
+    want = cuda_release(torch_cuda)
     notes = []
     for home, release in toolkits:
         if release == want:
@@ -283,7 +299,7 @@ def build_env(build: CudaBuild, prefix: str) -> Dict[str, str]:
     home = build.cuda_home
     if home is None:
         _pip_target(build.registry, prefix)
-        home = os.path.join(prefix, 'nvidia', f'cu{build.cuda.split(".")[0]}')
+        home = registry_home(prefix, build.cuda)
         # torch links its extensions with -lcudart: the runtime wheel has only libcudart.so.<major>
         lib = os.path.join(home, 'lib')
         so = sorted(glob.glob(os.path.join(lib, 'libcudart.so.*')))
@@ -311,12 +327,11 @@ def device_archs(ext_path: str, cuobjdump: str) -> List[str]:
 def expected_archs(arch: str) -> List[str]:
     """``'8.0;9.0+PTX'`` -> ``['compute_90', 'sm_80', 'sm_90']``: what ``device_archs`` must list."""
     out = set()
-    for a in re.split(r'[;\s]+', arch):
-        if a:
-            num = a.replace('+PTX', '').replace('.', '')
-            out.add(f'sm_{num}')
-            if a.endswith('+PTX'):
-                out.add(f'compute_{num}')
+    for a in arch_parts(arch):
+        num = a.replace('+PTX', '').replace('.', '')
+        out.add(f'sm_{num}')
+        if a.endswith('+PTX'):
+            out.add(f'compute_{num}')
     return sorted(out)
 
 
@@ -333,7 +348,7 @@ def find_cuobjdump(prefix: str, cuda: str) -> Optional[str]:
         _pip_target([f'{REGISTRY_CUOBJDUMP[major]}>={major}.0,<{major + 1}'], prefix)
     except CudaBuildError:
         return None
-    path = os.path.join(prefix, 'nvidia', f'cu{major}', 'bin', 'cuobjdump')
+    path = os.path.join(registry_home(prefix, cuda), 'bin', 'cuobjdump')
     return path if os.access(path, os.X_OK) else None
 
 
@@ -388,6 +403,20 @@ def check_cuda_ops() -> None:
                                f'{(a - b).abs().max().item():.3g}')
 
 
+def _torch_cuda() -> str:
+    import torch
+    return torch.version.cuda or ''
+
+
+def compiled_cuda_problem() -> Optional[str]:
+    """None if the installed mmcv's ops were compiled with torch's CUDA (major.minor), else what
+    they were compiled with."""
+    from mmcv.ops import get_compiling_cuda_version
+    built, want = get_compiling_cuda_version(), cuda_release(_torch_cuda())
+    return None if built == want else (f"mmcv's ops were compiled with CUDA {built!r}, not "
+                                       f"torch's {want!r}")
+
+
 def check_device_code(arch: str, prefix: str) -> str:
     """The installed mmcv's ``_ext`` holds device code for ``arch``; what it holds, for the log.
 
@@ -395,25 +424,23 @@ def check_device_code(arch: str, prefix: str) -> str:
         RuntimeError: mmcv was built without CUDA, for another CUDA, or without code for ``arch``.
     """
     import mmcv
-    import torch
-    from mmcv.ops import get_compiling_cuda_version
-    built = get_compiling_cuda_version()
-    want = '.'.join((torch.version.cuda or '').split('.')[:2])
-    if built != want:
-        raise RuntimeError(f"mmcv's ops were compiled with CUDA {built!r}, not torch's {want!r}")
+    problem = compiled_cuda_problem()
+    if problem:
+        raise RuntimeError(problem)
+    cuda = cuda_release(_torch_cuda())  # what the ops were compiled with, checked above
     ext = glob.glob(os.path.join(os.path.dirname(mmcv.__file__), '_ext*.so'))
     if not ext:
         raise RuntimeError(f'no compiled _ext in {os.path.dirname(mmcv.__file__)}')
-    cuobjdump = find_cuobjdump(prefix, want)
+    cuobjdump = find_cuobjdump(prefix, cuda)
     if cuobjdump is None:
-        return (f'CUDA {built}; its device code is not listed (no cuobjdump here, and the registry '
-                f'has none for CUDA {want})')
+        return (f'CUDA {cuda}; its device code is not listed (no cuobjdump here, and the registry '
+                f'has none for CUDA {cuda})')
     held = device_archs(ext[0], cuobjdump)
     missing = sorted(set(expected_archs(arch)) - set(held))
     if missing:
         raise RuntimeError(f'{os.path.basename(ext[0])} holds device code for {held or "no arch"}, '
                            f'not for {", ".join(missing)} (TORCH_CUDA_ARCH_LIST={arch})')
-    return f'CUDA {built}, device code for {", ".join(held)}'
+    return f'CUDA {cuda}, device code for {", ".join(held)}'
 
 
 def _exports(values: Mapping[str, str]) -> str:
@@ -430,6 +457,8 @@ def parse_args():
     t = sub.add_parser('cuda-toolkit', help="print export lines giving a CUDA build nvcc and torch's "
                                             "CUDA headers; the registry's nvcc goes into --prefix")
     t.add_argument('--prefix', required=True, help='folder for the registry\'s compiler, if needed')
+    sub.add_parser('cuda-built', help="exit 1 unless the installed mmcv's ops were compiled with "
+                                      "torch's CUDA")
     c = sub.add_parser('check', help="run mmcv's compiled nms and RoIAlign, forward and backward "
                                      '(on a GPU too where one is visible)')
     c.add_argument('--cuda-arch', help='a CUDA build: the TORCH_CUDA_ARCH_LIST its _ext must hold '
@@ -466,6 +495,12 @@ def main():
         except Exception as e:  # an import error of the compiled ops included: one line
             sys.exit(f'[setup] mmcv ops check failed: {type(e).__name__}: {e}')
         return
+    if args.command == 'cuda-built':
+        try:
+            problem = compiled_cuda_problem()
+        except Exception as e:  # mmcv's compiled ops do not import
+            problem = f'{type(e).__name__}: {e}'
+        sys.exit(1 if problem else 0)
     if args.command in ('cuda-plan', 'cuda-toolkit'):
         try:
             build = plan_here()

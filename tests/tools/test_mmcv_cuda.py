@@ -225,3 +225,13 @@ def test_the_wheels_device_code_is_listed_and_a_missing_arch_fails(mb, tmp_path,
     monkeypatch.setattr(mmcv.ops, 'get_compiling_cuda_version', lambda: 'not available')
     with pytest.raises(RuntimeError, match="compiled with CUDA 'not available'"):
         mb.check_device_code('9.0', str(tmp_path))
+
+
+def test_cuda_built_tells_an_mmcv_without_torchs_cuda():
+    """``mmcv_build.py cuda-built``, the set-up's test of an installed mmcv: exit 0 only where
+    its ops were compiled with torch's CUDA (the CPU build here: 1)."""
+    from mmcv.ops import get_compiling_cuda_version
+    run = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', 'mmcv_build.py'), 'cuda-built'],
+                         capture_output=True, text=True, timeout=300)
+    ok = get_compiling_cuda_version() == '.'.join((torch.version.cuda or '').split('.')[:2])
+    assert run.returncode == (0 if ok else 1), run

@@ -59,13 +59,13 @@ def _plain(value: Any) -> Any:
 def _arch_table(family) -> Iterator[Tuple[str, Any]]:
     names = list(family.arch_zoo)
     yield 'names', names
-    examples = list(family._named_archs())
+    examples = list(family.arch_zoo.examples)
     yield 'examples', examples
     for arch in examples:
         spec = family.arch_zoo[arch]
         yield f'{arch}/spec', _plain(spec)
         if spec.timm is not None:  # CaiT's archs of the paper that timm has not
-            yield f'{arch}/resolve(timm)', family.resolve_arch(spec.timm)
+            yield f'{arch}/resolve(timm)', family.arch_zoo.resolve(spec.timm, family.__name__)
         for strides in STRIDE_SETS:
             for pyramid in PYRAMIDS:
                 key = f'{arch}/{pyramid}{list(strides)}'

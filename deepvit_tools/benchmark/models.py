@@ -32,7 +32,7 @@ def backbone_family(arch: str) -> Type[nn.Module]:
     errors = []
     for family in ColumnarBackbone.families:
         try:
-            family.resolve_arch(arch)
+            family.arch_zoo.resolve(arch, family.__name__)
             return family
         except (ValueError, TypeError) as e:
             errors.append(str(e))

@@ -13,6 +13,7 @@ from mmengine.runner.checkpoint import _load_checkpoint
 from safetensors.torch import save_file
 
 from deepvit_mm import CheckpointError, ColumnarBackbone, XCiT, read_checkpoint
+from deepvit_mm.models.backbones.families import arch_from_state_dict
 from deepvit_mm.utils import meta_device
 
 ARCH = 'nano_12_p16'
@@ -171,19 +172,19 @@ def test_arch_from_state_dict_is_a_name_or_none(family):
     """Each family names the arch of its own state dict and None for the others'; a state dict
     of the family that no arch has (a block fewer) gives None, and the refusal's description says
     what it found (structures built on the meta device)."""
-    arch = next(iter(family._named_archs()))
+    arch = family.arch_zoo.examples[0]
     with meta_device():
         sd = family(arch).state_dict()
     for fam in ColumnarBackbone.families:
-        assert fam.arch_from_state_dict(sd) == (arch if fam is family else None), fam.__name__
+        assert arch_from_state_dict(fam, sd) == (arch if fam is family else None), fam.__name__
     depth = family.arch_zoo[arch].depth
     fewer = {k: v for k, v in sd.items() if not k.startswith(f'trunk.blocks.{depth - 1}.')}
-    assert family.arch_from_state_dict(fewer) is None
+    assert arch_from_state_dict(family, fewer) is None
     traits = family.state_dict_traits(fewer)
     assert traits['depth'] == depth - 1 and traits['embed_dim'] == family.arch_zoo[arch].embed_dim
     with meta_device():
         other = next(f for f in ColumnarBackbone.families if f is not family)
-        desc = other(next(iter(other._named_archs()))).describe_state_dict(fewer)
+        desc = other(other.arch_zoo.examples[0]).describe_state_dict(fewer)
     assert desc.startswith(f'It looks like a checkpoint of {family.__name__} (embed_dim=') and \
         f'depth={depth - 1}' in desc and 'of none of the archs deepvit_mm names' in desc, desc
 

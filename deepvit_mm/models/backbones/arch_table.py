@@ -8,7 +8,9 @@ with its settings. Nothing is read when the package is imported: the names when 
 is first looked into, an arch's row when that arch is asked for.
 """
 import dataclasses
+import difflib
 import functools
+import re
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 from timm.layers import to_2tuple
@@ -70,7 +72,7 @@ def read_timm_arch(name: str) -> Dict[str, Any]:
 
 
 class ArchTable(Mapping):
-    """A family's archs: name -> ``ArchSpec``.
+    """A family's archs: name -> ``ArchSpec``, and the names it takes for them (``resolve``).
 
     Args:
         names (callable): Returns each arch's timm name (None where timm has no such model), in
@@ -80,11 +82,15 @@ class ArchTable(Mapping):
             ``patch_size``, ``num_heads`` where timm has no such model), given what timm's model
             is (``read``: ``read_timm_arch``'s dict, empty where timm has none); called once an
             arch.
+        name_pattern (str): A regex whose first group turns a timm model name into a key of the
+            table (``xcit_small_12_p8_224`` -> ``small_12_p8``). Default: keys only.
     """
 
     def __init__(self, names: Callable[[], Mapping[str, Optional[str]]],
-                 settings: Callable[[str, Dict[str, Any]], Dict[str, Any]]) -> None:
+                 settings: Callable[[str, Dict[str, Any]], Dict[str, Any]],
+                 name_pattern: str = '') -> None:
         self._read_names, self._settings = names, settings
+        self.name_pattern = name_pattern
         self._specs: Dict[str, ArchSpec] = {}
 
     @functools.cached_property
@@ -106,3 +112,40 @@ class ArchTable(Mapping):
             read = read_timm_arch(timm_name) if timm_name is not None else {}
             self._specs[name] = ArchSpec(timm=timm_name, **{**read, **self._settings(name, read)})
         return self._specs[name]
+
+    @property
+    def examples(self) -> Tuple[str, ...]:
+        """The archs a checkpoint's arch is looked for among (``families.arch_from_state_dict``):
+        every arch of the table."""
+        return tuple(self)
+
+    def resolve(self, arch: str, family: str) -> str:
+        """Map a short name (``small_12_p8``) or timm name (``xcit_small_12_p8_224``, a pretrained
+        tag such as ``.fb_in1k`` ignored) to a key of the table; anything else raises with the
+        valid names and the closest one. ``family`` names the backbone in the messages."""
+        if not isinstance(arch, str):
+            raise TypeError(f'{family}: arch must be a string, got {type(arch).__name__}')
+        name = arch.strip().lower().split('.')[0]
+        if name not in self and self.name_pattern:
+            m = re.fullmatch(self.name_pattern, name)
+            name = m.group(1) if m else name
+        if name not in self:
+            close = difflib.get_close_matches(name, list(self), n=1)
+            raise ValueError(
+                f'{family}: unknown arch {arch!r}.'
+                + (f' Did you mean {close[0]!r}?' if close else '')
+                + f' Valid: {self.valid_names()}.')
+        return name
+
+    def valid_names(self) -> str:
+        """The names the table takes, for an error message."""
+        return (f'{", ".join(self)} (or timm names such as '
+                f'{next(iter(self.values())).timm!r})')
+
+    def arch_with(self, traits: Optional[Dict[str, int]]) -> Optional[str]:
+        """The first of ``examples`` whose spec has ``traits`` (``ArchSpec`` field -> value);
+        None if none has them or ``traits`` is None."""
+        if traits is None:
+            return None
+        return next((name for name in self.examples
+                     if all(getattr(self[name], k) == v for k, v in traits.items())), None)

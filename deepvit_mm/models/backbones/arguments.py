@@ -1,15 +1,13 @@
 """A backbone's arguments: checked into one frozen ``ColumnarArgs`` before anything is built
-(``ColumnarArguments.parse_args``), the arch resolved against the family's table
-(``resolve_arch``), what they fix read back as the backbone's attributes (``arch``,
-``out_indices``, ``pad_to``, ...), and what a backbone of them feeds a neck or head before it is
-built (``default_out_indices``, ``feature_levels``; the papers' taps, ``even_taps``).
+(``check_args``, the arch resolved against the family's table), what they fix read back as the
+backbone's attributes (``arch``, ``out_indices``, ``pad_to``, ...), and the taps a backbone takes
+by default (``default_taps``; the papers', ``even_taps``), which ``ColumnarBackbone``'s
+``default_out_indices`` and ``feature_levels`` give a neck or head before it is built.
 """
 import dataclasses
-import difflib
-import re
-from typing import Any, ClassVar, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
-from .arch_table import ArchSpec
+from .arch_table import ArchSpec, ArchTable
 from .checks import check_arguments, check_compile_blocks, check_out_indices
 from .columnar_pyramid import PAPER_STRIDES, ColumnarPyramid
 
@@ -127,126 +125,72 @@ def pretrained_init_cfg(name: str, pretrained: Optional[str],
     return dict(type='Pretrained', checkpoint=pretrained)
 
 
-class ColumnarArguments:
-    """Mixin of ``ColumnarBackbone``: its arguments checked (``parse_args``, a classmethod that
-    builds nothing; a family adds its own) and its arch table looked into (``resolve_arch``,
-    ``default_out_indices``, ``feature_levels``).
+def check_pyramid(name: str, pyramid: str) -> str:
+    """``pyramid``, if it is one the backbones build."""
+    if pyramid not in ('columnar', 'simple'):
+        raise ValueError(f"{name}: pyramid={pyramid!r} must be 'columnar' (one "
+                         "tap per level, the XCiT paper's) or 'simple' (ViTDet's: every level "
+                         'from one tap, the last block by default).')
+    return pyramid
 
-    A family sets ``arch_zoo`` (short name -> ``ArchSpec``) and ``name_pattern`` (a regex that
-    turns a timm model name into a short name).
-    """
-    arch_zoo: ClassVar[Mapping[str, ArchSpec]] = {}
-    name_pattern: ClassVar[str] = ''
-    args: ColumnarArgs
 
-    @classmethod
-    def parse_args(cls, arch: str, out_indices: Optional[Sequence[int]] = None,
-                   out_strides: Sequence[int] = (4, 8, 16, 32),
-                   drop_path_rate: Optional[float] = None, norm_cfg: Optional[dict] = None,
-                   frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
-                   pad_input: bool = True, pyramid: str = 'columnar',
-                   layer_scale_init: Optional[float] = None,
-                   compile_blocks: Union[bool, Mapping[str, Any]] = False,
-                   **trunk_kwargs) -> ColumnarArgs:
-        """The constructor's arguments (the class docstring's, ``init_cfg`` and ``pretrained``
-        aside) checked, with what they fix, building nothing; a family adds its own arguments.
-        Raises ``TypeError``/``ValueError`` saying what to pass."""
-        name = cls.__name__
-        check_arguments(name, drop_path_rate, norm_cfg, frozen_stages)
-        key = cls.resolve_arch(arch)
-        fixed = sorted(set(trunk_kwargs) & {'patch_size', 'embed_dim', 'depth', 'num_heads'})
-        if fixed:
-            raise ValueError(f'{name}: {", ".join(fixed)} is fixed by arch={arch!r}; choose '
-                             f'another arch instead (valid: {", ".join(cls.arch_zoo)}).')
-        spec = cls.arch_zoo[key]
-        pyramid = cls._check_pyramid(pyramid)
-        if out_indices is None:
-            out_indices = cls.default_out_indices(key, out_strides, pyramid)
-        out_indices = check_out_indices(
-            name, key, out_indices, spec.depth, cls.default_out_indices(key, PAPER_STRIDES, pyramid),
-            out_strides if pyramid == 'columnar' else out_strides[-1:])
-        args = ColumnarArgs(
-            arch=key, spec=spec, out_indices=out_indices, out_strides=tuple(out_strides),
-            pyramid=pyramid, pad_input=pad_input,
-            drop_path_rate=spec.drop_path_rate if drop_path_rate is None else drop_path_rate,
-            layer_scale=spec.eta if layer_scale_init is None else layer_scale_init,
-            norm_cfg=norm_cfg or dict(type='BN', requires_grad=True),
-            frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp,
-            trunk_kwargs=dict(trunk_kwargs),
-            compile_blocks=check_compile_blocks(name, compile_blocks))
-        cls._check_layout(args)
-        return args
+def default_taps(name: str, spec: ArchSpec, out_strides: Sequence[int] = PAPER_STRIDES,
+                 pyramid: str = 'columnar') -> Tuple[int, ...]:
+    """The taps a backbone of arch ``spec`` and ``pyramid`` takes by default: the columnar
+    pyramid's are the paper's taps of ``out_strides`` (``paper_taps``); the simple pyramid's, the
+    last block. ``name`` names the backbone and arch in messages (``XCiT(nano_12_p16)``)."""
+    if check_pyramid(name, pyramid) == 'simple':
+        return (spec.depth - 1,)
+    return paper_taps(name, spec.out_indices, out_strides)
 
-    @classmethod
-    def _check_layout(cls, args: ColumnarArgs) -> None:
-        """Refuse strides the taps cannot be rescaled to, and ``frozen_stages`` past the blocks
-        used (before the seconds a large trunk takes to build)."""
-        if args.pad_to % args.tap_stride:
-            raise ValueError(f'{cls.__name__}: the largest output stride {args.pad_to} must be '
-                             f'a multiple of the taps\' stride {args.tap_stride}.')
-        if not -1 <= args.frozen_stages <= args.kept_blocks:
-            raise ValueError(f'{cls.__name__}: frozen_stages={args.frozen_stages} must be -1 '
-                             '(nothing frozen), 0 (patch embedding) or k in [1, '
-                             f'{args.kept_blocks}] (also the first k of the {args.kept_blocks} '
-                             'blocks used).')
-        ColumnarPyramid.check_strides(args.tap_stride, args.out_strides)
 
-    # ----------------------------------------------------------------- architecture table
-    @classmethod
-    def resolve_arch(cls, arch: str) -> str:
-        """Map a short name (``small_12_p8``) or timm name (``xcit_small_12_p8_224``) to a key of
-        ``arch_zoo``; anything else raises with the valid names and the closest one."""
-        if not isinstance(arch, str):
-            raise TypeError(f'{cls.__name__}: arch must be a string, got {type(arch).__name__}')
-        name = arch.strip().lower().split('.')[0]  # drop a timm pretrained tag (".fb_in1k")
-        if name not in cls.arch_zoo:
-            m = re.fullmatch(cls.name_pattern, name)
-            name = m.group(1) if m else name
-        if name not in cls.arch_zoo:
-            close = difflib.get_close_matches(name, list(cls.arch_zoo), n=1)
-            raise ValueError(
-                f'{cls.__name__}: unknown arch {arch!r}.'
-                + (f' Did you mean {close[0]!r}?' if close else '')
-                + f' Valid: {cls._valid_archs()}.')
-        return name
+def check_args(name: str, table: ArchTable, arch: str,
+               out_indices: Optional[Sequence[int]] = None,
+               out_strides: Sequence[int] = (4, 8, 16, 32),
+               drop_path_rate: Optional[float] = None, norm_cfg: Optional[dict] = None,
+               frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
+               pad_input: bool = True, pyramid: str = 'columnar',
+               layer_scale_init: Optional[float] = None,
+               compile_blocks: Union[bool, Mapping[str, Any]] = False,
+               **trunk_kwargs) -> ColumnarArgs:
+    """A backbone's arguments (``ColumnarBackbone``'s, ``init_cfg`` and ``pretrained`` aside)
+    checked, with what they fix, building nothing. ``name`` is the backbone's class name,
+    ``table`` its family's arch table. Raises ``TypeError``/``ValueError`` saying what to pass."""
+    check_arguments(name, drop_path_rate, norm_cfg, frozen_stages)
+    key = table.resolve(arch, name)
+    fixed = sorted(set(trunk_kwargs) & {'patch_size', 'embed_dim', 'depth', 'num_heads'})
+    if fixed:
+        raise ValueError(f'{name}: {", ".join(fixed)} is fixed by arch={arch!r}; choose '
+                         f'another arch instead (valid: {", ".join(table)}).')
+    spec, label = table[key], f'{name}({key})'
+    pyramid = check_pyramid(name, pyramid)
+    if out_indices is None:
+        out_indices = default_taps(label, spec, out_strides, pyramid)
+    out_indices = check_out_indices(
+        name, key, out_indices, spec.depth, default_taps(label, spec, PAPER_STRIDES, pyramid),
+        out_strides if pyramid == 'columnar' else out_strides[-1:])
+    args = ColumnarArgs(
+        arch=key, spec=spec, out_indices=out_indices, out_strides=tuple(out_strides),
+        pyramid=pyramid, pad_input=pad_input,
+        drop_path_rate=spec.drop_path_rate if drop_path_rate is None else drop_path_rate,
+        layer_scale=spec.eta if layer_scale_init is None else layer_scale_init,
+        norm_cfg=norm_cfg or dict(type='BN', requires_grad=True),
+        frozen_stages=frozen_stages, norm_eval=norm_eval, with_cp=with_cp,
+        trunk_kwargs=dict(trunk_kwargs),
+        compile_blocks=check_compile_blocks(name, compile_blocks))
+    _check_layout(name, args)
+    return args
 
-    @classmethod
-    def _valid_archs(cls) -> str:
-        """The valid arch names, for an error message."""
-        return (f'{", ".join(cls.arch_zoo)} (or timm names such as '
-                f'{next(iter(cls.arch_zoo.values())).timm!r})')
 
-    # ----------------------------------------------------------------- what a neck or head reads
-    @classmethod
-    def _check_pyramid(cls, pyramid: str) -> str:
-        if pyramid not in ('columnar', 'simple'):
-            raise ValueError(f"{cls.__name__}: pyramid={pyramid!r} must be 'columnar' (one "
-                             "tap per level, the XCiT paper's) or 'simple' (ViTDet's: every level "
-                             'from one tap, the last block by default).')
-        return pyramid
-
-    @classmethod
-    def default_out_indices(cls, arch: str, out_strides: Sequence[int] = (4, 8, 16, 32),
-                            pyramid: str = 'columnar') -> Tuple[int, ...]:
-        """The taps a backbone of ``pyramid`` takes by default: the columnar pyramid's are the
-        paper's taps of ``out_strides`` (increasing, out of 4/8/16/32), e.g.
-        ``XCiT.default_out_indices('small_12_p16', (8, 16, 32)) == (5, 7, 11)``; the simple
-        pyramid's, the last block (``(11,)``)."""
-        arch = cls.resolve_arch(arch)
-        if cls._check_pyramid(pyramid) == 'simple':
-            return (cls.arch_zoo[arch].depth - 1,)
-        return paper_taps(f'{cls.__name__}({arch})', cls.arch_zoo[arch].out_indices, out_strides)
-
-    @classmethod
-    def feature_levels(cls, arch: str, out_strides: Sequence[int] = (4, 8, 16, 32),
-                       out_indices: Optional[Sequence[int]] = None,
-                       pyramid: str = 'columnar') -> FeatureLevels:
-        """What the backbone built with these arguments feeds a neck or head, per level:
-        ``channels`` (a neck's ``in_channels``), ``strides``, and the blocks it taps
-        (``out_indices``: one per level, or the simple pyramid's one); e.g.
-        ``XCiT.feature_levels('small_12_p8').channels == [384, 384, 384, 384]``."""
-        arch = cls.resolve_arch(arch)
-        taps = cls.default_out_indices(arch, out_strides, pyramid) if out_indices is None \
-            else tuple(out_indices)
-        return FeatureLevels(channels=[cls.arch_zoo[arch].embed_dim] * len(out_strides),
-                             strides=tuple(out_strides), out_indices=taps)
+def _check_layout(name: str, args: ColumnarArgs) -> None:
+    """Refuse strides the taps cannot be rescaled to, and ``frozen_stages`` past the blocks
+    used (before the seconds a large trunk takes to build)."""
+    if args.pad_to % args.tap_stride:
+        raise ValueError(f'{name}: the largest output stride {args.pad_to} must be '
+                         f'a multiple of the taps\' stride {args.tap_stride}.')
+    if not -1 <= args.frozen_stages <= args.kept_blocks:
+        raise ValueError(f'{name}: frozen_stages={args.frozen_stages} must be -1 '
+                         '(nothing frozen), 0 (patch embedding) or k in [1, '
+                         f'{args.kept_blocks}] (also the first k of the {args.kept_blocks} '
+                         'blocks used).')
+    ColumnarPyramid.check_strides(args.tap_stride, args.out_strides)

@@ -3,12 +3,14 @@
 A family (XCiT, CaiT, TimmViT, TimmEVA, TimmBEiT) subclasses ``ColumnarBackbone`` and provides only
 what its paper makes different: the architecture table, how to build the timm trunk, how to take the
 taps, and how to convert its official checkpoints' keys. Building, padding, input checks, the
-forward and freezing (``frozen_stages``, ``norm_eval``, ``with_cp``) are here; the memory guard
-is ``memory.check_memory``; the arguments and the arch table (``arguments``), which family a
-checkpoint is (``families``) and weight loading (``weights``) are mixins of the class.
+forward, freezing (``frozen_stages``, ``norm_eval``, ``with_cp``), the family hooks and the
+loader's side of a checkpoint are here; what it calls is beside it: the arguments checked
+(``arguments.check_args``), the arch table (``arch_table.ArchTable``), the memory guard
+(``memory.check_memory``), which family a checkpoint is (``families``) and its key layouts
+(``weights``).
 """
 import warnings
-from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
@@ -16,34 +18,32 @@ import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 
+from ...checkpoints import LoadReport, load_weights, read_checkpoint
 from ...tracing import in_graph_capture
 from ..layers import BatchNormBase
-from .arguments import (
-    ColumnarArgs,
-    ColumnarArguments,
-    pretrained_init_cfg,
-)
+from .arch_table import ArchTable
+from .arguments import ColumnarArgs, FeatureLevels, check_args, default_taps, pretrained_init_cfg
 from .checks import blocks_compile_problem, check_finite, check_input, inductor_cache_problem
 from .columnar_pyramid import ColumnarPyramid
-from .families import CheckpointFamilies
+from .families import describe_state_dict
 from .grad_checkpointing import enable_grad_checkpointing, full_recomputation
 from .memory import check_memory
 from .timm_releases import drop_pruned_classifier_parameters
-from .weights import ColumnarWeights
+from .weights import backbone_keys, unbuilt_key_patterns
 
 __all__ = ['ColumnarBackbone']
 
 
-class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, ColumnarWeights, BaseModule):
+class ColumnarBackbone(BaseModule):
     """Base class of columnar (single-stride) transformer backbones for mmdet and mmseg.
 
     The constructor checks its arguments first (``parse_args``: one frozen ``ColumnarArgs``,
     ``self.args``, whose values it sets as attributes: ``arch``, ``out_indices``, ``pad_to``...), then builds
     the trunk, prunes it after the last tap, builds the pyramid and freezes what is asked.
-    Families define ``arch_zoo`` (short name -> ``ArchSpec``), ``name_pattern`` (a regex that
-    turns a timm model name into a short name), ``classifier_parts``, ``checkpoint_filter``,
-    ``_build_trunk(args)`` and ``_forward_taps``; a family with arguments of its own checks them
-    in its ``parse_args`` (``args.with_family(...)``), one with a faster forward sets
+    Families define ``arch_zoo`` (an ``ArchTable``: short name -> ``ArchSpec``, and the timm names
+    it takes), ``classifier_parts``, ``checkpoint_filter``, ``_build_trunk(args)`` and
+    ``_forward_taps``; a family with arguments of its own checks them in its ``parse_args``
+    (``args.with_family(...)``), one with a faster forward sets
     ``fast_path_name`` (with its property) and ``_apply_fast_path``. docs/backbones.md has an
     example.
 
@@ -95,6 +95,10 @@ class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, ColumnarWeights, B
             segmentors pass ``model.pretrained`` down). Default: None.
         trunk_kwargs: Passed to the timm model (e.g. ``attn_drop_rate``).
     """
+    #: the family's archs (a family sets its own: it is then one of ``families``)
+    arch_zoo: ClassVar[ArchTable] = ArchTable(dict, dict)
+    #: every family (a subclass with an arch table of its own), in the order they were defined
+    families: ClassVar[List[Type['ColumnarBackbone']]] = []
     #: the timm trunk's classification parts, which a dense backbone never builds: checkpoint
     #: tensors under them are dropped on purpose
     classifier_parts: ClassVar[Tuple[str, ...]] = ()
@@ -108,6 +112,11 @@ class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, ColumnarWeights, B
     block_type: ClassVar[Optional[Type[nn.Module]]] = None
     #: the fast path's setting (a family sets it after building, through its property)
     _fast_path: Union[bool, str] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.arch_zoo is not ColumnarBackbone.arch_zoo:  # a table: a family (nothing read)
+            cls.families.append(cls)
 
     def __init__(self, arch: str, *, init_cfg: Optional[dict] = None,
                  pretrained: Optional[str] = None, **kwargs) -> None:
@@ -141,7 +150,7 @@ class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, ColumnarWeights, B
     def _build_adapter(self, args: ColumnarArgs) -> ColumnarPyramid:
         """The trunk's BatchNorms converted to ``norm_cfg``, and the pyramid."""
         try:  # what is left to fail is building the norm layers from norm_cfg
-            self._convert_batchnorms(self.trunk, args.norm_cfg)
+            convert_batchnorms(self.trunk, args.norm_cfg)
             return ColumnarPyramid(args.spec.embed_dim, in_stride=args.tap_stride,
                                    out_strides=args.out_strides, norm_cfg=args.norm_cfg)
         except (AssertionError, KeyError, TypeError, ValueError) as e:
@@ -150,19 +159,37 @@ class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, ColumnarWeights, B
                              "dict(type='BN'), dict(type='SyncBN') or dict(type='GN', "
                              'num_groups=G) with G dividing every channel count.') from e
 
-    @staticmethod
-    def _convert_batchnorms(module: nn.Module, norm_cfg: dict) -> None:
-        """timm hard-codes ``nn.BatchNorm2d`` in conv parts; rebuild them from ``norm_cfg``
-        (same parameter names, so checkpoints load unchanged)."""
-        if norm_cfg.get('type') == 'BN' and norm_cfg.get('requires_grad', True):
-            return
-        for name, child in list(module.named_children()):
-            if type(child) is nn.BatchNorm2d:
-                new = build_norm_layer(norm_cfg, child.num_features)[1]
-                new.load_state_dict(child.state_dict(), strict=False)
-                setattr(module, name, new)
-            else:
-                ColumnarBackbone._convert_batchnorms(child, norm_cfg)
+    # ----------------------------------------------------------------- arguments, arch table
+    @classmethod
+    def parse_args(cls, arch: str, **kwargs) -> ColumnarArgs:
+        """The constructor's arguments (the class docstring's, ``init_cfg`` and ``pretrained``
+        aside) checked, with what they fix, building nothing (``arguments.check_args``). A family
+        with arguments of its own takes them out here and adds them (``args.with_family``)."""
+        return check_args(cls.__name__, cls.arch_zoo, arch, **kwargs)
+
+    @classmethod
+    def default_out_indices(cls, arch: str, out_strides: Sequence[int] = (4, 8, 16, 32),
+                            pyramid: str = 'columnar') -> Tuple[int, ...]:
+        """The taps a backbone of ``pyramid`` takes by default: the columnar pyramid's are the
+        paper's taps of ``out_strides`` (increasing, out of 4/8/16/32), e.g.
+        ``XCiT.default_out_indices('small_12_p16', (8, 16, 32)) == (5, 7, 11)``; the simple
+        pyramid's, the last block (``(11,)``)."""
+        arch = cls.arch_zoo.resolve(arch, cls.__name__)
+        return default_taps(f'{cls.__name__}({arch})', cls.arch_zoo[arch], out_strides, pyramid)
+
+    @classmethod
+    def feature_levels(cls, arch: str, out_strides: Sequence[int] = (4, 8, 16, 32),
+                       out_indices: Optional[Sequence[int]] = None,
+                       pyramid: str = 'columnar') -> FeatureLevels:
+        """What the backbone built with these arguments feeds a neck or head, per level:
+        ``channels`` (a neck's ``in_channels``), ``strides``, and the blocks it taps
+        (``out_indices``: one per level, or the simple pyramid's one); e.g.
+        ``XCiT.feature_levels('small_12_p8').channels == [384, 384, 384, 384]``."""
+        arch = cls.arch_zoo.resolve(arch, cls.__name__)
+        taps = cls.default_out_indices(arch, out_strides, pyramid) if out_indices is None \
+            else tuple(out_indices)
+        return FeatureLevels(channels=[cls.arch_zoo[arch].embed_dim] * len(out_strides),
+                             strides=tuple(out_strides), out_indices=taps)
 
     # ----------------------------------------------------------------- to implement
     def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
@@ -173,13 +200,6 @@ class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, ColumnarWeights, B
     def _forward_taps(self, x: torch.Tensor) -> List[torch.Tensor]:
         """Raw outputs of blocks ``out_indices`` as NCHW maps at stride ``patch_size``."""
         raise NotImplementedError
-
-    def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """Official/timm classification keys -> timm model keys (without ``trunk.``), with the
-        family's timm ``checkpoint_filter``."""
-        if self.checkpoint_filter is None:
-            return dict(state_dict)
-        return self.checkpoint_filter(dict(state_dict), self.trunk)
 
     def _apply_fast_path(self, mode: Union[bool, str]) -> None:
         """Make the trunk run as the family's switch (``fast_path_name``) says."""
@@ -209,6 +229,68 @@ class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, ColumnarWeights, B
     def _memory_remedy(self) -> str:
         """What the memory guard's refusal tells the user to change."""
         return 'use smaller inputs, or with_cp=True for training'
+
+    @classmethod
+    def state_dict_traits(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[Dict[str, int]]:
+        """The ``ArchSpec`` fields that tell this family's archs apart (``embed_dim``, ``depth``,
+        ...), as a converted state dict (trunk keys) shows them; None if it is not this family's
+        (``families.arch_from_state_dict``)."""
+        return None
+
+    # ----------------------------------------------------------------- checkpoints
+    # the loader's side (``deepvit_mm.checkpoints.WeightsTarget``): the layouts converted, what is
+    # dropped on purpose or may stay at init, the family's resizing, a description of a checkpoint
+    # that does not fit; ``init_cfg`` / ``load_pretrained`` through the one loader
+    def init_weights(self) -> None:
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            self.load_pretrained(cfg['checkpoint'], checkpoint_key=cfg.get('checkpoint_key'))
+            self._is_init = True
+        else:
+            super().init_weights()
+
+    def load_pretrained(self, path: str, checkpoint_key: Optional[str] = None) -> LoadReport:
+        """Load ``path`` (a file, ``~/...`` or an ``http(s)://`` URL, in any supported format and
+        layout) through ``deepvit_mm.checkpoints.load_weights``; log and return the report.
+
+        Args:
+            path (str): The checkpoint.
+            checkpoint_key (str, optional): The part to take, e.g. ``'student'`` of a DINO
+                training checkpoint (default: its ``teacher``).
+        """
+        return load_weights(self, read_checkpoint(path), source=repr(path),
+                            checkpoint_key=checkpoint_key)
+
+    def convert_state_dict(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Any supported layout -> this module's keys (``trunk.*``, ``adapter.*``;
+        ``weights.backbone_keys``)."""
+        return backbone_keys(state_dict, self.convert_trunk_keys)
+
+    def convert_trunk_keys(self, state_dict: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Official/timm classification keys -> timm model keys (without ``trunk.``), with the
+        family's timm ``checkpoint_filter``."""
+        if self.checkpoint_filter is None:
+            return dict(state_dict)
+        return self.checkpoint_filter(dict(state_dict), self.trunk)
+
+    def dropped_key_patterns(self) -> List[str]:
+        """Regexes of converted checkpoint keys dropped on purpose: the classifier and the blocks
+        after the last tap."""
+        return unbuilt_key_patterns(self.classifier_parts, self.kept_blocks, self.depth)
+
+    def init_ok_key_patterns(self) -> List[str]:
+        """Module keys that may stay at init when the checkpoint lacks them."""
+        return [r'^adapter\.']
+
+    def resize_weight(self, key: str, value: torch.Tensor,
+                      target: torch.Tensor) -> Optional[torch.Tensor]:
+        """``value`` resized to ``target``'s shape, or None when it cannot be (the family decides:
+        CaiT resamples its position embedding)."""
+        return None
+
+    def describe_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> str:
+        """What ``state_dict`` (trunk keys) looks like, for a refusal's message."""
+        return describe_state_dict(self.families, state_dict)
 
     # ----------------------------------------------------------------- faster forward
     def _get_fast_path(self) -> Union[bool, str]:
@@ -309,3 +391,17 @@ class ColumnarBackbone(ColumnarArguments, CheckpointFamilies, ColumnarWeights, B
                 if isinstance(m, BatchNormBase):
                     m.eval()
         return self
+
+
+def convert_batchnorms(module: nn.Module, norm_cfg: dict) -> None:
+    """timm hard-codes ``nn.BatchNorm2d`` in conv parts; rebuild them from ``norm_cfg`` (same
+    parameter names, so checkpoints load unchanged)."""
+    if norm_cfg.get('type') == 'BN' and norm_cfg.get('requires_grad', True):
+        return
+    for name, child in list(module.named_children()):
+        if type(child) is nn.BatchNorm2d:
+            new = build_norm_layer(norm_cfg, child.num_features)[1]
+            new.load_state_dict(child.state_dict(), strict=False)
+            setattr(module, name, new)
+        else:
+            convert_batchnorms(child, norm_cfg)

@@ -1,54 +1,38 @@
-"""Which family, and which of its archs, a checkpoint is: every family registers itself
-(``CheckpointFamilies.families``, the subclasses of ``ColumnarBackbone`` with an arch table of
-their own) and says what its checkpoints' tensors show of the arch (``state_dict_traits``); the
-loader's refusals name the family and arch found (``weights.ColumnarWeights.describe_state_dict``).
+"""Which family, and which of its archs, a checkpoint is: each family says what its checkpoints'
+tensors show of the arch (``ColumnarBackbone.state_dict_traits``), and these functions ask every
+family of ``ColumnarBackbone.families``; the loader's refusals name the family and arch found
+(``describe_state_dict``).
 """
 import re
-from typing import ClassVar, Dict, Iterable, List, Mapping, Optional, Type
+from typing import Mapping, Optional, Sequence
 
 import torch
-
-from .arguments import ColumnarArguments
 
 __all__ = []
 
 
-class CheckpointFamilies:
-    """Mixin of ``ColumnarBackbone``: the registry of families, and the arch a converted state
-    dict (trunk keys) was trained as. A family defines ``state_dict_traits``; the timm families
-    look among their examples only (``_named_archs``)."""
-    #: every family (a subclass with an arch table), in the order they were defined
-    families: ClassVar[List[Type]] = []
+def arch_from_state_dict(family, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
+    """The arch of ``family`` (a ``ColumnarBackbone`` subclass) a converted state dict (trunk
+    keys) was trained as: the first of its table's ``examples`` with the family's
+    ``state_dict_traits``; None if it is not this family's or no arch has them."""
+    return family.arch_zoo.arch_with(family.state_dict_traits(state_dict))
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if cls.arch_zoo is not ColumnarArguments.arch_zoo:  # a table: a family (nothing read)
-            cls.families.append(cls)
 
-    @classmethod
-    def state_dict_traits(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[Dict[str, int]]:
-        """The ``ArchSpec`` fields that tell this family's archs apart (``embed_dim``, ``depth``,
-        ...), as a converted state dict (trunk keys) shows them; None if it is not this family's."""
-        return None
-
-    @classmethod
-    def _named_archs(cls) -> Iterable[str]:
-        """The archs ``arch_from_state_dict`` looks among: every arch of ``arch_zoo``."""
-        return cls.arch_zoo
-
-    @classmethod
-    def arch_from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Optional[str]:
-        """The arch a converted state dict was trained as: the first of ``_named_archs`` with its
-        ``state_dict_traits``; None if it is not this family's or no arch has them."""
-        return cls.arch_with_traits(cls.state_dict_traits(state_dict))
-
-    @classmethod
-    def arch_with_traits(cls, traits: Optional[Dict[str, int]]) -> Optional[str]:
-        """The first of ``_named_archs`` whose spec has ``traits``; None if none has them."""
+def describe_state_dict(families: Sequence, state_dict: Mapping[str, torch.Tensor]) -> str:
+    """What ``state_dict`` (trunk keys) looks like, for a refusal's message: the first of
+    ``families`` whose traits it has, and its arch where one of the table has them."""
+    for fam in families:
+        traits = fam.state_dict_traits(state_dict)
         if traits is None:
-            return None
-        return next((name for name in cls._named_archs()
-                     if all(getattr(cls.arch_zoo[name], k) == v for k, v in traits.items())), None)
+            continue
+        arch = fam.arch_zoo.arch_with(traits)
+        if arch is not None:
+            return f'It looks like a checkpoint of {fam.__name__}(arch={arch!r})'
+        found = ', '.join(f'{k}={v}' for k, v in traits.items())
+        return (f'It looks like a checkpoint of {fam.__name__} ({found}), of none of the archs '
+                f'deepvit_mm names')
+    names = ', '.join(fam.__name__ for fam in families)
+    return f'It is not a checkpoint of a model deepvit_mm knows ({names})'
 
 
 def count_blocks(state_dict: Mapping[str, torch.Tensor], prefix: str = 'trunk.blocks.') -> int:

@@ -53,7 +53,7 @@ def test_timm_name_sets_the_position_embedding_grid():
     """A timm name's resolution (or ``img_size``) sets the position-embedding grid. Builds CaiT-S36,
     CaiT-M48 and CaiT-S24 (twice) at full depth on the meta device."""
     # (name resolution itself: test_backbones.py)
-    assert CaiT.resolve_arch('cait_xxs24_384.fb_dist_in1k') == 'xxs24'
+    assert CaiT.arch_zoo.resolve('cait_xxs24_384.fb_dist_in1k', 'CaiT') == 'xxs24'
     with meta_device():
         assert CaiT('cait_s36_384.fb_dist_in1k').pos_embed_grid == (24, 24)
         assert CaiT('cait_m48_448').pos_embed_grid == (28, 28)

@@ -39,8 +39,8 @@ def test_every_name_of_the_timm_modules_is_an_arch(family):
     fam = FAMILIES[family]
     names = [n for m in fam.arch_zoo.modules for n in timm.list_models(module=m)]
     assert names and sorted(names) == list(fam.arch_zoo) and len(fam.arch_zoo) == len(names)
-    assert all(fam.resolve_arch(n) == n for n in names)
-    assert set(fam.examples) <= set(names) and set(TIMM_FAMILY_ARCHS[family]) <= set(names)
+    assert all(fam.arch_zoo.resolve(n, family) == n for n in names)
+    assert set(fam.arch_zoo.examples) <= set(names) and set(TIMM_FAMILY_ARCHS[family]) <= set(names)
     # no other family's name: each family one timm module (set)
     for other, o in FAMILIES.items():
         if other != family:
@@ -52,7 +52,7 @@ def test_arch_spec_is_timms_model(family):
     """The table's width, depth, heads and patch of the largest example are those of timm's model
     (built on the meta device, as the table reads them); the taps are the XCiT paper's."""
     fam = FAMILIES[family]
-    name = fam.examples[-1]
+    name = fam.arch_zoo.examples[-1]
     spec = fam.arch_zoo[name]
     with meta_device():  # (timm 1.0.16 builds on the meta device through timm_releases)
         ref = create_model(name, num_classes=0)

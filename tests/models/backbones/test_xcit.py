@@ -8,10 +8,10 @@ from deepvit_mm import XCiT
 
 def test_timm_name_forms_accepted():
     # resolution, distillation and pretrained tags of timm's names (plain names: test_backbones.py)
-    assert XCiT.resolve_arch('xcit_small_12_p8_224') == 'small_12_p8'
-    assert XCiT.resolve_arch('xcit_medium_24_p16_384.fb_in1k') == 'medium_24_p16'
-    assert XCiT.resolve_arch('xcit_tiny_12_p8_224_dist') == 'tiny_12_p8'
-    assert XCiT.resolve_arch('xcit_nano_12_p16_384_dist.fb_in1k') == 'nano_12_p16'
+    assert XCiT.arch_zoo.resolve('xcit_small_12_p8_224', 'XCiT') == 'small_12_p8'
+    assert XCiT.arch_zoo.resolve('xcit_medium_24_p16_384.fb_in1k', 'XCiT') == 'medium_24_p16'
+    assert XCiT.arch_zoo.resolve('xcit_tiny_12_p8_224_dist', 'XCiT') == 'tiny_12_p8'
+    assert XCiT.arch_zoo.resolve('xcit_nano_12_p16_384_dist.fb_in1k', 'XCiT') == 'nano_12_p16'
 
 
 def test_syncbn_norm_cfg_replaces_trunk_batchnorms():

@@ -136,8 +136,8 @@ class CaiT(Windowed, ColumnarBackbone):
         trunk_kwargs: More timm ``Cait`` arguments (``attn_drop_rate``, ``in_chans``...).
     """
     arch_zoo = ArchTable(lambda: {n: (t if isinstance(t, str) else None)
-                                  for n, (t, _, _) in _CAIT_SETTINGS.items()}, _cait_settings)
-    name_pattern = r'(?:cait_)?((?:xxs|xs|s|m)(?:24|36|48))(?:_(?:224|384|448))?'
+                                  for n, (t, _, _) in _CAIT_SETTINGS.items()}, _cait_settings,
+                         name_pattern=r'(?:cait_)?((?:xxs|xs|s|m)(?:24|36|48))(?:_(?:224|384|448))?')
 
     classifier_parts = ('cls_token', 'blocks_token_only', 'norm', 'head')
     # official releases ({'model': ...}, maybe `module.`) have timm's keys

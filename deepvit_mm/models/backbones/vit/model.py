@@ -30,7 +30,7 @@ What differs between the families, and why it is written here:
 """
 import functools
 import math
-from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import timm
 import torch
@@ -64,13 +64,26 @@ class TimmArchTable(ArchTable):
 
     Args:
         modules (tuple[str]): The timm modules, e.g. ``('vision_transformer', 'deit')``.
+        examples (tuple[str]): Names for messages and docs; the archs a checkpoint's arch is
+            looked for among (each name of timm's modules read would build a model, on meta).
     """
 
-    def __init__(self, *modules: str) -> None:
+    def __init__(self, *modules: str, examples: Tuple[str, ...] = ()) -> None:
         self.modules = modules
+        self._examples = tuple(examples)
         super().__init__(
             lambda: {n: n for n in sorted(n for m in modules for n in timm.list_models(module=m))},
             _vitdet_settings)
+
+    @property
+    def examples(self) -> Tuple[str, ...]:
+        return self._examples
+
+    def valid_names(self) -> str:
+        examples = ', '.join(repr(n) for n in self.examples)
+        modules = ' and '.join(self.modules)
+        return (f"any of the {len(self)} names of timm's {modules} (timm.list_models("
+                f"module=...) of timm {timm.__version__}), e.g. {examples}")
 
 
 def _vitdet_settings(name: str, read: Dict[str, Any]) -> Dict[str, Any]:
@@ -81,7 +94,7 @@ def _vitdet_settings(name: str, read: Dict[str, Any]) -> Dict[str, Any]:
 class TimmColumnar(ColumnarBackbone):
     """A timm columnar transformer with ``forward_intermediates`` as a pyramid backbone.
 
-    Families set ``arch_zoo = TimmArchTable(<timm module>)``, ``classifier_parts``,
+    Families set ``arch_zoo = TimmArchTable(<timm module>, examples=...)``, ``classifier_parts``,
     ``checkpoint_filter``, ``block_type`` and ``trunk_options`` (what timm needs to take any
     input size). Nothing here has a faster forward (no ``fast_path_name``).
 
@@ -92,16 +105,6 @@ class TimmColumnar(ColumnarBackbone):
     """
     #: arguments of the timm model that every backbone of the family is built with
     trunk_options: ClassVar[Dict[str, object]] = {}
-
-    @classmethod
-    def _valid_archs(cls) -> str:
-        examples = ', '.join(repr(n) for n in cls.examples)
-        modules = ' and '.join(cls.arch_zoo.modules)
-        return (f"any of the {len(cls.arch_zoo)} names of timm's {modules} (timm.list_models("
-                f"module=...) of timm {timm.__version__}), e.g. {examples}")
-
-    #: names for messages and docs
-    examples: ClassVar[Tuple[str, ...]] = ()
 
     def _build_trunk(self, args: ColumnarArgs) -> nn.Module:
         return self._create_trunk(args)
@@ -161,11 +164,6 @@ class TimmColumnar(ColumnarBackbone):
         return dict(embed_dim=state_dict['trunk.blocks.0.norm1.weight'].shape[0],
                     depth=count_blocks(state_dict))
 
-    @classmethod
-    def _named_archs(cls) -> Iterable[str]:
-        # the family's examples: each name of timm's modules read would build a model (on meta)
-        return cls.examples
-
     @staticmethod
     def _looks_like(state_dict: Mapping[str, torch.Tensor]) -> bool:
         return False
@@ -197,11 +195,11 @@ class TimmViT(Windowed, TimmColumnar):
             (2, 5, 8, 11 of 12 blocks; 5, 11, 17, 23 of 24).
         kwargs: See ``TimmColumnar`` and ``ColumnarBackbone``.
     """
-    arch_zoo = TimmArchTable('vision_transformer', 'deit')
-    examples = ('vit_tiny_patch16_224', 'vit_small_patch16_224', 'vit_base_patch16_224',
-                'vit_large_patch16_224', 'deit_small_patch16_224', 'deit3_small_patch16_224',
-                'vit_small_patch14_dinov2',
-                'vit_base_patch14_reg4_dinov2')
+    arch_zoo = TimmArchTable(
+        'vision_transformer', 'deit',
+        examples=('vit_tiny_patch16_224', 'vit_small_patch16_224', 'vit_base_patch16_224',
+                  'vit_large_patch16_224', 'deit_small_patch16_224', 'deit3_small_patch16_224',
+                  'vit_small_patch14_dinov2', 'vit_base_patch14_reg4_dinov2'))
     trunk_options = dict(dynamic_img_size=True, dynamic_img_pad=True)
     classifier_parts = ('norm', 'fc_norm', 'head', 'head_dist', 'attn_pool')
     checkpoint_filter = staticmethod(vision_transformer.checkpoint_filter_fn)
@@ -296,9 +294,10 @@ class TimmEVA(TimmColumnar):
             Default: ``'eva02_base_patch14_448'``.
         kwargs: See ``TimmColumnar`` and ``ColumnarBackbone``.
     """
-    arch_zoo = TimmArchTable('eva')
-    examples = ('eva02_tiny_patch14_224', 'eva02_small_patch14_224', 'eva02_base_patch14_224',
-                'eva02_base_patch14_448', 'eva02_large_patch14_448')
+    arch_zoo = TimmArchTable(
+        'eva', examples=('eva02_tiny_patch14_224', 'eva02_small_patch14_224',
+                         'eva02_base_patch14_224', 'eva02_base_patch14_448',
+                         'eva02_large_patch14_448'))
     trunk_options = dict(dynamic_img_size=True, dynamic_img_pad=True)
     classifier_parts = ('norm', 'fc_norm', 'head')
     checkpoint_filter = staticmethod(eva.checkpoint_filter_fn)
@@ -351,8 +350,9 @@ class TimmBEiT(TimmColumnar):
             resolution of ``arch``.
         kwargs: See ``TimmColumnar`` and ``ColumnarBackbone``.
     """
-    arch_zoo = TimmArchTable('beit')
-    examples = ('beit_base_patch16_224', 'beitv2_base_patch16_224', 'beit_large_patch16_512')
+    arch_zoo = TimmArchTable(
+        'beit', examples=('beit_base_patch16_224', 'beitv2_base_patch16_224',
+                          'beit_large_patch16_512'))
     classifier_parts = ('norm', 'fc_norm', 'head')
     checkpoint_filter = staticmethod(beit.checkpoint_filter_fn)
     block_type = beit.Block

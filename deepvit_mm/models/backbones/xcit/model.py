@@ -96,9 +96,9 @@ class XCiT(ColumnarBackbone):
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)``.
         trunk_kwargs: More timm ``Xcit`` arguments (``attn_drop_rate``, ``in_chans``...).
     """
-    arch_zoo = ArchTable(lambda: {n: f'xcit_{n}_224' for n in _XCIT_SETTINGS}, _xcit_settings)
-    name_pattern = r'(?:xcit_)?((?:nano|tiny|small|medium|large)_(?:12|24)_p(?:8|16))' \
-                   r'(?:_(?:224|384))?(?:_dist)?'
+    arch_zoo = ArchTable(lambda: {n: f'xcit_{n}_224' for n in _XCIT_SETTINGS}, _xcit_settings,
+                         name_pattern=r'(?:xcit_)?((?:nano|tiny|small|medium|large)_(?:12|24)'
+                                      r'_p(?:8|16))(?:_(?:224|384))?(?:_dist)?')
 
     classifier_parts = ('cls_token', 'cls_attn_blocks', 'norm', 'head')
     # official releases: `pos_embeder.*` -> `pos_embed.*`

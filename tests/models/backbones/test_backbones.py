@@ -377,6 +377,10 @@ def test_unknown_arch_refused_with_a_suggestion(family):
         fam(typo)
     with pytest.raises(ValueError, match='unknown arch'):
         fam(f'{family.lower()}_huge_99')
+    with pytest.raises(TypeError, match=rf'{family}: arch must be a string, got int'):
+        fam(12)
+    with pytest.raises(ValueError, match=rf"{family}: unknown arch ''"):  # no name matches ''
+        fam('')
 
 
 @pytest.mark.parametrize('family', FAMILIES)
